@@ -1,0 +1,379 @@
+//! From a request to a decision: validate, match each descriptor to its
+//! rule, drop replaced and unlimited limits, send one batch to the store, and
+//! turn the store's outcome into one status per descriptor.
+//!
+//! Protobuf-free: `service.rs` converts in and out. Rules are swapped
+//! atomically on reload; a request sees one rule set from start to end.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::limiter::{Algorithm, IdentityBuilder, LimitSpec, Role, Window};
+use crate::request::{Descriptor, Request};
+use crate::rules::{DEFAULT_BUCKETS, Limit, RuleSet, Unit};
+use crate::store::{Batch, BatchItem, CounterStore, LimitOutcome, StoreError};
+
+/// Limits on the size of one request, so no request can cost unbounded work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// Most descriptors in one request.
+    pub max_descriptors: usize,
+    /// Most entries in one descriptor.
+    pub max_entries: usize,
+    /// Longest entry key or value, in bytes.
+    pub max_entry_bytes: usize,
+    /// Largest weight (`hits_addend`) of a request or descriptor.
+    pub max_hits_addend: u64,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_descriptors: 64,
+            max_entries: 32,
+            max_entry_bytes: 16_384,
+            max_hits_addend: 1_000_000_000,
+        }
+    }
+}
+
+/// Why a request got no decision.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    /// The request itself is wrong; the message says how.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The counters could not be reached.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The answer to one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request may proceed (`overall_code` OK).
+    pub admitted: bool,
+    /// One status per request descriptor, in order.
+    pub statuses: Vec<Status>,
+}
+
+/// The answer for one descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// `code` OVER_LIMIT (shadow-mode descriptors are never over limit here).
+    pub over_limit: bool,
+    /// The descriptor's tightest limit; `None` when no limit applied.
+    pub limit: Option<Reported>,
+    /// Requests left: after this one when admitted, headroom otherwise.
+    /// `u32::MAX` for unlimited descriptors.
+    pub remaining: u64,
+    /// When the reported limit's headroom next grows.
+    pub reset_ms: Option<u64>,
+}
+
+/// A limit as reported back to the caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reported {
+    /// Requests allowed per window.
+    pub requests: u64,
+    /// The unit reported in `current_limit.unit`.
+    pub unit: Unit,
+    /// The window length in milliseconds.
+    pub window_ms: u64,
+    /// `rate_limit.name`, if the rule gave one.
+    pub name: Option<Arc<str>>,
+}
+
+impl Status {
+    const NO_LIMIT: Status = Status {
+        over_limit: false,
+        limit: None,
+        remaining: 0,
+        reset_ms: None,
+    };
+    const UNLIMITED: Status = Status {
+        over_limit: false,
+        limit: None,
+        remaining: u32::MAX as u64,
+        reset_ms: None,
+    };
+}
+
+/// What one descriptor turned into before the store is asked.
+enum Plan<'r> {
+    NoLimit,
+    Unlimited,
+    Limited {
+        limits: Vec<PlannedLimit<'r>>,
+        role: Role,
+    },
+}
+
+/// A limit to check: from a rule, or from the request's override.
+struct PlannedLimit<'r> {
+    spec: LimitSpec,
+    unit: Unit,
+    name: Option<&'r Arc<str>>,
+    replaces: &'r [String],
+}
+
+impl<'r> From<&'r Limit> for PlannedLimit<'r> {
+    fn from(limit: &'r Limit) -> Self {
+        Self {
+            spec: limit.spec,
+            unit: limit.unit,
+            name: limit.name.as_ref(),
+            replaces: &limit.replaces,
+        }
+    }
+}
+
+/// Rules plus a store: the decision maker behind every interface.
+pub struct Limiter<S> {
+    /// Swapped whole on reload; readers never block and never see a mix.
+    rules: ArcSwap<RuleSet>,
+    store: S,
+    bounds: Bounds,
+}
+
+impl<S: CounterStore> Limiter<S> {
+    /// A limiter over `rules` and `store`.
+    pub fn new(rules: RuleSet, store: S, bounds: Bounds) -> Self {
+        Self {
+            rules: ArcSwap::from_pointee(rules),
+            store,
+            bounds,
+        }
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<RuleSet> {
+        self.rules.load_full()
+    }
+
+    /// Puts `rules` in force for every later request.
+    pub fn replace_rules(&self, rules: RuleSet) {
+        self.rules.store(Arc::new(rules));
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Decides `request`, counting it if admitted.
+    pub async fn decide(&self, request: &Request) -> Result<Decision, DecideError> {
+        self.bounds.check(request)?;
+        let rules = self.rules.load();
+        let Some(domain) = rules.domain(&request.domain) else {
+            return Ok(Decision {
+                admitted: true,
+                statuses: vec![Status::NO_LIMIT; request.descriptors.len()],
+            });
+        };
+
+        let mut batch = Batch::default();
+        let mut plans = Vec::with_capacity(request.descriptors.len());
+        for descriptor in &request.descriptors {
+            let plan = match &descriptor.limit {
+                Some(limit) => {
+                    let mut identity = IdentityBuilder::new(&request.domain);
+                    for entry in &descriptor.entries {
+                        identity.value(&entry.key, &entry.value);
+                    }
+                    let spec = override_spec(limit.requests_per_unit, limit.unit)?;
+                    batch
+                        .items
+                        .push(item(identity.build(), request, descriptor, Role::Enforce));
+                    Plan::Limited {
+                        limits: vec![PlannedLimit {
+                            spec,
+                            unit: limit.unit,
+                            name: None,
+                            replaces: &[],
+                        }],
+                        role: Role::Enforce,
+                    }
+                }
+                None => match domain.find(&descriptor.entries) {
+                    None => Plan::NoLimit,
+                    Some(found) if found.rule.unlimited => Plan::Unlimited,
+                    Some(found) => {
+                        batch.items.push(item(
+                            found.identity,
+                            request,
+                            descriptor,
+                            found.rule.role,
+                        ));
+                        Plan::Limited {
+                            limits: found.rule.limits.iter().map(PlannedLimit::from).collect(),
+                            role: found.rule.role,
+                        }
+                    }
+                },
+            };
+            plans.push(plan);
+        }
+
+        // `replaces`: a limit named by any matched limit is neither checked
+        // nor counted; a descriptor left without limits reports OK.
+        let replaced: HashSet<&str> = plans
+            .iter()
+            .filter_map(|p| match p {
+                Plan::Limited { limits, .. } => Some(limits),
+                _ => None,
+            })
+            .flatten()
+            .flat_map(|l| l.replaces.iter().map(String::as_str))
+            .collect();
+        let mut items = batch.items.into_iter();
+        batch.items = Vec::with_capacity(items.len());
+        for plan in &mut plans {
+            if let Plan::Limited { limits, .. } = plan {
+                let mut item = items.next().expect("one batch item per limited plan");
+                if !replaced.is_empty() {
+                    limits.retain(|l| l.name.is_none_or(|n| !replaced.contains(&**n)));
+                }
+                if limits.is_empty() {
+                    *plan = Plan::NoLimit;
+                    continue;
+                }
+                item.limits = limits.iter().map(|l| l.spec).collect();
+                batch.items.push(item);
+            }
+        }
+
+        let outcome = if batch.items.is_empty() {
+            None
+        } else {
+            Some(self.store.apply(&batch).await?)
+        };
+        let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
+        let mut outcomes = outcome.map(|o| o.limits).unwrap_or_default().into_iter();
+        let statuses = plans
+            .into_iter()
+            .map(|plan| match plan {
+                Plan::NoLimit => Status::NO_LIMIT,
+                Plan::Unlimited => Status::UNLIMITED,
+                Plan::Limited { limits, role } => {
+                    let results: Vec<LimitOutcome> = outcomes.by_ref().take(limits.len()).collect();
+                    status(&limits, &results, role)
+                }
+            })
+            .collect();
+        Ok(Decision { admitted, statuses })
+    }
+}
+
+fn item(
+    identity: crate::limiter::Identity,
+    request: &Request,
+    descriptor: &Descriptor,
+    role: Role,
+) -> BatchItem {
+    BatchItem {
+        identity,
+        limits: Vec::new(),
+        hits: weight(request, descriptor),
+        role,
+    }
+}
+
+/// A descriptor's own `hits_addend` when set (0 means check only), else the
+/// request's, where 0 means 1.
+fn weight(request: &Request, descriptor: &Descriptor) -> u64 {
+    descriptor
+        .hits_addend
+        .unwrap_or_else(|| u64::from(request.hits_addend.max(1)))
+}
+
+/// The counting of a request-supplied limit: the default sliding window.
+fn override_spec(requests: u32, unit: Unit) -> Result<LimitSpec, DecideError> {
+    let duration_ms = unit.millis().ok_or_else(|| {
+        DecideError::InvalidArgument("descriptor limit override has no valid unit".into())
+    })?;
+    Ok(LimitSpec {
+        requests: u64::from(requests),
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::SlidingWindow {
+                precision_ms: duration_ms / DEFAULT_BUCKETS,
+            },
+        },
+    })
+}
+
+/// One descriptor's status from its limits' outcomes: the limit that rejected
+/// it, or else the one with the least headroom, is the one reported.
+fn status(limits: &[PlannedLimit<'_>], results: &[LimitOutcome], role: Role) -> Status {
+    let remaining = |i: usize| limits[i].spec.requests.saturating_sub(results[i].used);
+    let chosen = results
+        .iter()
+        .position(|r| r.over)
+        .unwrap_or_else(|| (0..limits.len()).min_by_key(|&i| remaining(i)).unwrap_or(0));
+    let limit = &limits[chosen];
+    Status {
+        over_limit: results[chosen].over && role != Role::Shadow,
+        limit: Some(Reported {
+            requests: limit.spec.requests,
+            unit: limit.unit,
+            window_ms: limit.spec.window.duration_ms,
+            name: limit.name.cloned(),
+        }),
+        remaining: remaining(chosen),
+        reset_ms: Some(results[chosen].reset_ms),
+    }
+}
+
+impl Bounds {
+    /// Rejects requests that are empty or larger than the bounds.
+    pub fn check(&self, request: &Request) -> Result<(), DecideError> {
+        let invalid = |m: String| Err(DecideError::InvalidArgument(m));
+        if request.domain.is_empty() {
+            return invalid("rate limit domain must not be empty".into());
+        }
+        if request.descriptors.is_empty() {
+            return invalid("rate limit descriptor list must not be empty".into());
+        }
+        if request.descriptors.len() > self.max_descriptors {
+            return invalid(format!(
+                "too many descriptors: {} (at most {})",
+                request.descriptors.len(),
+                self.max_descriptors
+            ));
+        }
+        if u64::from(request.hits_addend) > self.max_hits_addend {
+            return invalid(format!(
+                "hits_addend {} is larger than the maximum {}",
+                request.hits_addend, self.max_hits_addend
+            ));
+        }
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            if descriptor.entries.len() > self.max_entries {
+                return invalid(format!(
+                    "descriptor {i} has {} entries (at most {})",
+                    descriptor.entries.len(),
+                    self.max_entries
+                ));
+            }
+            for (j, entry) in descriptor.entries.iter().enumerate() {
+                let longest = entry.key.len().max(entry.value.len());
+                if longest > self.max_entry_bytes {
+                    return invalid(format!(
+                        "descriptor {i} entry {j}: key or value is {longest} bytes (at most {})",
+                        self.max_entry_bytes
+                    ));
+                }
+            }
+            if let Some(hits) = descriptor.hits_addend.filter(|&h| h > self.max_hits_addend) {
+                return invalid(format!(
+                    "descriptor {i}: hits_addend {hits} is larger than the maximum {}",
+                    self.max_hits_addend
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,38 @@
+//! Sluice: a global rate-limit decision service speaking Envoy's RLS v3 API.
+//!
+//! A map of the crate, from the wire inwards:
+//!
+//! - [`server`] binds the gRPC and admin HTTP listeners and runs them;
+//! - [`service`] is the only place protobuf meets the domain: it converts a
+//!   `RateLimitRequest` into a [`request::Request`] and a
+//!   [`decision::Decision`] back into a `RateLimitResponse`;
+//! - [`decision`] matches descriptors to [`rules`], builds one
+//!   [`store::Batch`] per request, and shapes the statuses;
+//! - [`store`] holds the counters; each request is checked and applied
+//!   atomically (all-or-nothing) in one store call;
+//! - [`limiter`] is the pure core: the algorithms as functions of explicit
+//!   time, the clock, and the injective counter keys;
+//! - [`settings`], [`cli`], [`query`], [`telemetry`] and [`headers`] serve
+//!   the binary.
+//!
+//! `rules` and `limiter` import no tokio, tonic or fred.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod decision;
+pub mod headers;
+#[allow(missing_docs)]
+pub mod limiter;
+#[allow(missing_docs)]
+pub mod proto;
+pub mod query;
+pub mod request;
+#[allow(missing_docs)]
+pub mod rules;
+pub mod server;
+pub mod service;
+pub mod settings;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,166 @@
+//! The multi-precision sliding window.
+//!
+//! Hits are counted in buckets of `precision` aligned to the epoch. At `now`
+//! the window is `(now − duration, now]`; every bucket wholly inside it counts
+//! fully, and the one bucket straddling `now − duration` counts in proportion
+//! to the part of it still inside (rounded up, so the estimate never falls
+//! below the true interpolation). With `precision = duration` this is the
+//! classic two-window sliding counter.
+//!
+//! Guarantee: in every window of `duration` aligned to bucket boundaries the
+//! admitted weight never exceeds the limit, because each admission saw every
+//! bucket of such a window at full weight. A window placed anywhere else can
+//! additionally hold what was admitted in the one bucket it cuts through.
+//!
+//! The interpolation is done in `f64` exactly as the Redis script does it in
+//! Lua (IEEE doubles in both), so the two stores agree to the hit.
+
+use std::collections::VecDeque;
+
+use super::{signed, unsigned};
+use crate::limiter::Millis;
+
+/// Buckets of one sliding-window counter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlidingWindow {
+    duration_ms: i64,
+    precision_ms: i64,
+    /// Non-empty buckets, oldest first, as `(time / precision, hits)`.
+    buckets: VecDeque<(i64, u64)>,
+    /// Sum of the hits in `buckets`, kept so a check does not walk them.
+    total: u64,
+}
+
+impl SlidingWindow {
+    /// An empty counter; `precision_ms` must be in `1..=duration_ms`.
+    pub fn new(duration_ms: u64, precision_ms: u64) -> Self {
+        let precision_ms = precision_ms.clamp(1, duration_ms.max(1));
+        Self {
+            duration_ms: signed(duration_ms.max(1)),
+            precision_ms: signed(precision_ms),
+            buckets: VecDeque::new(),
+            total: 0,
+        }
+    }
+
+    /// The index of the bucket straddling `now − duration`, and how many of its
+    /// milliseconds are still inside the window (in `1..=precision`).
+    fn oldest_live(&self, now: Millis) -> (i64, i64) {
+        let start = signed(now) - self.duration_ms;
+        let index = start.div_euclid(self.precision_ms);
+        (index, (index + 1) * self.precision_ms - start)
+    }
+
+    /// Drops buckets that left the window and returns the interpolated count.
+    pub fn used(&mut self, now: Millis) -> u64 {
+        let (oldest, inside) = self.oldest_live(now);
+        while let Some(&(index, hits)) = self.buckets.front() {
+            if index >= oldest {
+                break;
+            }
+            self.buckets.pop_front();
+            self.total -= hits;
+        }
+        match self.buckets.front() {
+            Some(&(index, hits)) if index == oldest => {
+                self.total - hits + interpolate(hits, inside, self.precision_ms)
+            }
+            _ => self.total,
+        }
+    }
+
+    /// Counts `hits` in the bucket of `now`. A clock that stepped back adds to
+    /// the newest bucket instead, so buckets stay ordered.
+    pub fn add(&mut self, now: Millis, hits: u64) {
+        if hits == 0 {
+            return;
+        }
+        let index = signed(now).div_euclid(self.precision_ms);
+        match self.buckets.back_mut() {
+            Some((newest, count)) if *newest >= index => *count = count.saturating_add(hits),
+            _ => self.buckets.push_back((index, hits)),
+        }
+        self.total = self.total.saturating_add(hits);
+    }
+
+    /// Until the oldest counted bucket leaves the window (for an empty counter:
+    /// until a hit made now would leave it).
+    pub fn reset_ms(&self, now: Millis) -> u64 {
+        let index = self
+            .buckets
+            .front()
+            .map_or_else(|| signed(now).div_euclid(self.precision_ms), |&(i, _)| i);
+        unsigned((index + 1) * self.precision_ms + self.duration_ms - signed(now))
+    }
+
+    /// When the newest bucket leaves the window.
+    pub fn expires_at(&self) -> Millis {
+        self.buckets.back().map_or(0, |&(index, _)| {
+            unsigned((index + 1) * self.precision_ms + self.duration_ms)
+        })
+    }
+}
+
+/// The share of a bucket's `hits` for the `inside` of its `precision`
+/// milliseconds still in the window, rounded up.
+fn interpolate(hits: u64, inside: i64, precision: i64) -> u64 {
+    if inside >= precision {
+        return hits;
+    }
+    // Same operation order as the Lua script, so the doubles round identically.
+    (hits as f64 * inside as f64 / precision as f64).ceil() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_inside_the_window_count_fully() {
+        let mut w = SlidingWindow::new(10_000, 1_000);
+        w.add(10_000, 3);
+        w.add(15_500, 4);
+        assert_eq!(w.used(19_999), 7);
+    }
+
+    #[test]
+    fn straddling_bucket_is_interpolated_and_rounded_up() {
+        let mut w = SlidingWindow::new(10_000, 1_000);
+        w.add(10_000, 10); // bucket [10 000, 11 000)
+        // At 20 250 the window starts at 10 250: 750 ms of the bucket are inside.
+        assert_eq!(w.used(20_250), 8); // ceil(10 × 0.75)
+        // At 20 999 one millisecond is inside.
+        assert_eq!(w.used(20_999), 1);
+        // At 21 000 the bucket has left the window.
+        assert_eq!(w.expires_at(), 21_000);
+        assert_eq!(w.used(21_000), 0);
+        assert_eq!(w.expires_at(), 0);
+    }
+
+    #[test]
+    fn precision_equal_to_duration_is_the_two_window_counter() {
+        let mut w = SlidingWindow::new(60_000, 60_000);
+        w.add(0, 60); // previous minute
+        w.add(60_000, 10); // current minute
+        // 15 s into the current minute, 45 s of the previous one are inside.
+        assert_eq!(w.used(75_000), 10 + 45);
+    }
+
+    #[test]
+    fn reset_is_when_the_oldest_bucket_leaves() {
+        let mut w = SlidingWindow::new(10_000, 1_000);
+        assert_eq!(w.reset_ms(5_300), 10_700);
+        w.add(5_300, 1);
+        w.add(8_000, 1);
+        assert_eq!(w.reset_ms(9_000), 6_000 + 10_000 - 9_000);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_adds_to_the_newest_bucket() {
+        let mut w = SlidingWindow::new(10_000, 1_000);
+        w.add(5_000, 1);
+        w.add(4_000, 1);
+        assert_eq!(w.used(5_000), 2);
+        assert_eq!(w.expires_at(), 16_000);
+    }
+}

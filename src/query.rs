@@ -1,0 +1,188 @@
+//! `sluice query`: one `ShouldRateLimit` call, printed for people. Works
+//! against any RLS v3 server, not only Sluice.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use tonic::transport::Endpoint;
+
+use crate::proto as pb;
+use crate::proto::rate_limit_descriptor::Entry;
+use crate::proto::rate_limit_response::{Code, rate_limit::Unit};
+use crate::rules::parse_duration;
+
+/// One descriptor given as `k=v[,k=v…]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescriptorArg(pub Vec<(String, String)>);
+
+impl std::str::FromStr for DescriptorArg {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.split(',')
+            .map(|pair| {
+                let (key, value) = pair
+                    .split_once('=')
+                    .ok_or_else(|| format!("'{pair}' is not key=value"))?;
+                if key.is_empty() {
+                    return Err(format!("'{pair}' has an empty key"));
+                }
+                Ok((key.to_owned(), value.to_owned()))
+            })
+            .collect::<Result<_, _>>()
+            .map(DescriptorArg)
+    }
+}
+
+/// `sluice query`.
+#[derive(Debug, clap::Args)]
+pub struct QueryArgs {
+    /// Address of the RLS server (host:port or http://host:port)
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub addr: String,
+    /// Rate-limit domain
+    #[arg(long)]
+    pub domain: String,
+    /// A descriptor as key=value[,key=value…]; repeat for several descriptors
+    #[arg(long = "descriptor", value_name = "K=V[,K=V...]", required = true)]
+    pub descriptors: Vec<DescriptorArg>,
+    /// Request weight (hits_addend); 0 or absent means 1
+    #[arg(long)]
+    pub hits: Option<u32>,
+    /// Give up after this long (e.g. 500ms, 5s)
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub timeout: u64,
+}
+
+/// Why a query got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// The address is not a valid URI.
+    #[error("invalid address '{0}': {1}")]
+    Address(String, String),
+    /// No connection could be made.
+    #[error("cannot connect to {0}: {1}")]
+    Connect(String, tonic::transport::Error),
+    /// The server answered with an error status.
+    #[error("server answered {}: {}", .0.code(), .0.message())]
+    Status(tonic::Status),
+}
+
+impl QueryArgs {
+    /// The request these arguments describe.
+    pub fn request(&self) -> pb::RateLimitRequest {
+        pb::RateLimitRequest {
+            domain: self.domain.clone(),
+            descriptors: self
+                .descriptors
+                .iter()
+                .map(|d| pb::RateLimitDescriptor {
+                    entries: d
+                        .0
+                        .iter()
+                        .map(|(k, v)| Entry {
+                            key: k.clone(),
+                            value: v.clone(),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: self.hits.unwrap_or(0),
+        }
+    }
+}
+
+/// Sends the request and returns the server's answer.
+pub async fn query(args: &QueryArgs) -> Result<pb::RateLimitResponse, QueryError> {
+    let uri = if args.addr.contains("://") {
+        args.addr.clone()
+    } else {
+        format!("http://{}", args.addr)
+    };
+    let timeout = Duration::from_millis(args.timeout);
+    let endpoint = Endpoint::from_shared(uri.clone())
+        .map_err(|e| QueryError::Address(args.addr.clone(), e.to_string()))?
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| QueryError::Connect(uri, e))?;
+    let mut client = pb::RateLimitServiceClient::new(channel);
+    let response = client
+        .should_rate_limit(args.request())
+        .await
+        .map_err(QueryError::Status)?;
+    Ok(response.into_inner())
+}
+
+fn code_name(code: i32) -> &'static str {
+    Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name())
+}
+
+/// The decision as readable text.
+pub fn render(args: &QueryArgs, response: &pb::RateLimitResponse) -> String {
+    let mut out = format!(
+        "{}  (domain {})\n",
+        code_name(response.overall_code),
+        args.domain
+    );
+    for (i, status) in response.statuses.iter().enumerate() {
+        let entries = args
+            .descriptors
+            .get(i)
+            .map(|d| {
+                d.0.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        let _ = write!(out, "  [{i}] {entries}  {}", code_name(status.code));
+        match &status.current_limit {
+            Some(limit) => {
+                match Unit::try_from(limit.unit) {
+                    Ok(unit) if unit != Unit::Unknown => {
+                        let unit = unit.as_str_name().to_lowercase();
+                        let _ = write!(out, "  limit {} per {unit}", limit.requests_per_unit);
+                    }
+                    _ => {
+                        let _ = write!(out, "  limit {} per window", limit.requests_per_unit);
+                    }
+                }
+                if !limit.name.is_empty() {
+                    let _ = write!(out, " ({})", limit.name);
+                }
+                let _ = write!(out, "  remaining {}", status.limit_remaining);
+            }
+            None if status.limit_remaining == u32::MAX => out.push_str("  unlimited"),
+            None => out.push_str("  no limit applies"),
+        }
+        if let Some(reset) = &status.duration_until_reset {
+            let secs = reset.seconds as f64 + f64::from(reset.nanos) / 1e9;
+            let _ = write!(out, "  resets in {secs:.3}s");
+        }
+        out.push('\n');
+    }
+    for header in &response.response_headers_to_add {
+        let _ = writeln!(out, "  header {}: {}", header.key, header.value);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_args_parse_pairs() {
+        let d: DescriptorArg = "a=1,b=x=y".parse().unwrap();
+        assert_eq!(
+            d.0,
+            vec![("a".into(), "1".into()), ("b".into(), "x=y".into())]
+        );
+        assert!("novalue".parse::<DescriptorArg>().is_err());
+        assert!("=v".parse::<DescriptorArg>().is_err());
+    }
+}

@@ -1,0 +1,65 @@
+//! A rate-limit request in the crate's own terms, independent of protobuf:
+//! `service.rs` converts the wire message into these, moving the strings.
+
+use crate::rules::Unit;
+
+/// One `ShouldRateLimit` call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    /// Namespace of the rules to apply.
+    pub domain: String,
+    /// What to limit; one status is returned per descriptor, in order.
+    pub descriptors: Vec<Descriptor>,
+    /// Request-level weight; 0 means 1.
+    pub hits_addend: u32,
+}
+
+/// An ordered list of entries identifying what is counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    /// The entries, matched level by level against the rules tree.
+    pub entries: Vec<Entry>,
+    /// A limit supplied by the caller instead of the configured one.
+    pub limit: Option<Override>,
+    /// Weight of this descriptor; when set (even to 0) it wins over the
+    /// request's. 0 checks without counting.
+    pub hits_addend: Option<u64>,
+}
+
+/// One key/value pair of a descriptor.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entry {
+    /// The entry key, e.g. `remote_address`.
+    pub key: String,
+    /// The entry value, e.g. `192.0.2.7`.
+    pub value: String,
+}
+
+impl Entry {
+    /// An entry from anything string-like.
+    pub fn new(key: impl Into<String>, value: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+}
+
+/// A request-supplied limit (`RateLimitDescriptor.limit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Override {
+    /// Requests allowed per unit.
+    pub requests_per_unit: u32,
+    /// The window.
+    pub unit: Unit,
+}
+
+impl Descriptor {
+    /// A descriptor from `(key, value)` pairs.
+    pub fn of<K: Into<String>, V: Into<String>>(entries: impl IntoIterator<Item = (K, V)>) -> Self {
+        Self {
+            entries: entries.into_iter().map(|(k, v)| Entry::new(k, v)).collect(),
+            ..Self::default()
+        }
+    }
+}

@@ -1,0 +1,627 @@
+//! Validation of rules files into domains. Every problem found is reported
+//! (not only the first) with its file, line and rule path; a file with any
+//! error yields no domain, so a bad file can never be half loaded.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::duration::{parse_duration, parse_unit};
+use super::wildcard::Pattern;
+use super::yaml::{self, Kind, Node as Yaml};
+use super::{ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
+use crate::limiter::{Algorithm, LimitSpec, Role, Window};
+
+/// Buckets per window when `precision` is not given: the largest divisor of the
+/// window up to 10. Ten buckets keep the interpolated bucket (the only source of
+/// error) at a tenth of the window, while a counter stays at a dozen small
+/// fields and a check touches one or two of them.
+pub const DEFAULT_BUCKETS: u64 = 10;
+
+/// Most buckets a sliding window may have, which bounds the work and memory of
+/// one counter whatever the traffic.
+pub const MAX_BUCKETS: u64 = 3_600;
+
+const TOP_KEYS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "rate_limits",
+    "descriptors",
+    "shadow_mode",
+    "quota_mode",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+const RATE_LIMIT_KEYS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "algorithm",
+    "precision",
+    "burst",
+];
+
+/// Loads every file named, and every `*.yaml`/`*.yml` file (not starting with
+/// `.`, symlinks followed) directly inside every directory named. Domains must
+/// be unique across all of them.
+pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
+    let mut errors = Vec::new();
+    let mut files = Vec::new();
+    for path in paths {
+        match list_files(path) {
+            Ok(found) => files.extend(found),
+            Err(e) => errors.push(e),
+        }
+    }
+    let mut domains: Vec<Domain> = Vec::new();
+    let mut seen: HashMap<String, String> = HashMap::new();
+    for file in files {
+        let label = file.display().to_string();
+        let bytes = match fs::read(&file) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                errors.push(file_error(&label, format!("cannot read: {e}")));
+                continue;
+            }
+        };
+        match parse_domain(&label, &bytes) {
+            Ok(domain) => match seen.get(&domain.name) {
+                Some(first) => errors.push(file_error(
+                    &label,
+                    format!(
+                        "duplicate domain '{}' (already defined in {first})",
+                        domain.name
+                    ),
+                )),
+                None => {
+                    seen.insert(domain.name.clone(), label);
+                    domains.push(domain);
+                }
+            },
+            Err(errs) => errors.extend(errs),
+        }
+    }
+    if errors.is_empty() {
+        Ok(RuleSet::from_domains(domains))
+    } else {
+        Err(errors)
+    }
+}
+
+fn list_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let label = path.display().to_string();
+    let meta = fs::metadata(path).map_err(|e| file_error(&label, format!("cannot read: {e}")))?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let entries =
+        fs::read_dir(path).map_err(|e| file_error(&label, format!("cannot list: {e}")))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| file_error(&label, format!("cannot list: {e}")))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        // Kubernetes ConfigMap volumes keep the real files under `..data`;
+        // the visible names are symlinks into it, which `metadata` follows.
+        if name.starts_with('.') || !is_yaml {
+            continue;
+        }
+        if fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+            files.push(entry.path());
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+fn file_error(file: &str, message: String) -> ConfigError {
+    ConfigError {
+        file: file.to_owned(),
+        line: 0,
+        path: String::new(),
+        message,
+    }
+}
+
+/// Parses one rules file (one domain). `file` labels the errors.
+pub fn parse_domain(file: &str, bytes: &[u8]) -> Result<Domain, Vec<ConfigError>> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        let line = 1 + bytes[..e.valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        vec![ConfigError {
+            file: file.to_owned(),
+            line,
+            path: String::new(),
+            message: "file is not valid UTF-8".into(),
+        }]
+    })?;
+    let docs = yaml::parse(text).map_err(|e| {
+        vec![ConfigError {
+            file: file.to_owned(),
+            line: e.line,
+            path: String::new(),
+            message: format!("invalid YAML: {}", e.message),
+        }]
+    })?;
+    let mut compiler = Compiler {
+        file,
+        errors: Vec::new(),
+    };
+    let domain = match docs.as_slice() {
+        [] => compiler.fail(
+            0,
+            "",
+            "file is empty: expected a 'domain' and 'descriptors'",
+        ),
+        [doc] => compiler.domain(doc),
+        [_, second, ..] => compiler.fail(
+            second.line,
+            "",
+            "more than one YAML document: a rules file holds exactly one domain",
+        ),
+    };
+    match domain {
+        Some(domain) if compiler.errors.is_empty() => Ok(domain),
+        _ => Err(compiler.errors),
+    }
+}
+
+struct Compiler<'f> {
+    file: &'f str,
+    errors: Vec<ConfigError>,
+}
+
+/// Per-descriptor flags that shape its rule or its matching.
+#[derive(Default)]
+struct Flags {
+    shadow_mode: bool,
+    quota_mode: bool,
+    detailed_metric: bool,
+    share_threshold: bool,
+}
+
+impl Compiler<'_> {
+    fn error(&mut self, line: usize, path: &str, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            file: self.file.to_owned(),
+            line,
+            path: path.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    fn fail<T>(&mut self, line: usize, path: &str, message: impl Into<String>) -> Option<T> {
+        self.error(line, path, message);
+        None
+    }
+
+    /// The pairs of a map node whose keys are all in `allowed`.
+    fn map<'y>(
+        &mut self,
+        node: &'y Yaml,
+        path: &str,
+        what: &str,
+        allowed: &[&str],
+    ) -> Option<HashMap<&'y str, &'y Yaml>> {
+        let Kind::Map(pairs) = &node.kind else {
+            return self.fail(
+                node.line,
+                path,
+                format!("{what} must be a map, found {}", node.shape()),
+            );
+        };
+        let mut out = HashMap::new();
+        for (key, value) in pairs {
+            let Kind::Scalar { text, .. } = &key.kind else {
+                self.error(key.line, path, format!("keys of {what} must be strings"));
+                continue;
+            };
+            if !allowed.contains(&text.as_str()) {
+                self.error(
+                    key.line,
+                    path,
+                    format!(
+                        "unknown key '{text}' in {what} (allowed: {})",
+                        allowed.join(", ")
+                    ),
+                );
+            } else if out.insert(text.as_str(), value).is_some() {
+                self.error(key.line, path, format!("duplicate key '{text}' in {what}"));
+            }
+        }
+        Some(out)
+    }
+
+    fn string(&mut self, node: &Yaml, path: &str, what: &str) -> Option<String> {
+        match &node.kind {
+            _ if node.is_null() => Some(String::new()),
+            Kind::Scalar { text, .. } => Some(text.clone()),
+            _ => self.fail(
+                node.line,
+                path,
+                format!("'{what}' must be a string, found {}", node.shape()),
+            ),
+        }
+    }
+
+    /// YAML booleans, including the YAML 1.1 words Go's parser accepts.
+    fn boolean(&mut self, node: Option<&&Yaml>, path: &str, what: &str) -> bool {
+        let Some(node) = node else { return false };
+        if node.is_null() {
+            return false;
+        }
+        if let Kind::Scalar {
+            text,
+            quoted: false,
+        } = &node.kind
+        {
+            match text.to_ascii_lowercase().as_str() {
+                "true" | "yes" | "y" | "on" => return true,
+                "false" | "no" | "n" | "off" => return false,
+                _ => {}
+            }
+        }
+        self.error(node.line, path, format!("'{what}' must be true or false"));
+        false
+    }
+
+    fn integer(&mut self, node: &Yaml, path: &str, what: &str, max: u64) -> Option<u64> {
+        if let Kind::Scalar {
+            text,
+            quoted: false,
+        } = &node.kind
+        {
+            if let Ok(n) = text.parse::<u64>() {
+                if n <= max {
+                    return Some(n);
+                }
+                return self.fail(node.line, path, format!("'{what}' must be at most {max}"));
+            }
+            if text.starts_with('-') && text[1..].parse::<u64>().is_ok() {
+                return self.fail(node.line, path, format!("'{what}' must not be negative"));
+            }
+        }
+        self.fail(node.line, path, format!("'{what}' must be a whole number"))
+    }
+
+    fn list<'y>(&mut self, node: &'y Yaml, path: &str, what: &str) -> Option<&'y [Yaml]> {
+        match &node.kind {
+            _ if node.is_null() => Some(&[]),
+            Kind::Seq(items) => Some(items),
+            _ => self.fail(
+                node.line,
+                path,
+                format!("'{what}' must be a list, found {}", node.shape()),
+            ),
+        }
+    }
+
+    fn domain(&mut self, doc: &Yaml) -> Option<Domain> {
+        let map = self.map(doc, "", "the file", TOP_KEYS)?;
+        let name = match map.get("domain") {
+            Some(node) => self.string(node, "", "domain")?,
+            None => String::new(),
+        };
+        if name.is_empty() {
+            return self.fail(doc.line, "", "config file cannot have empty domain");
+        }
+        let mut root = Level::default();
+        if let Some(node) = map.get("descriptors") {
+            for item in self.list(node, &name, "descriptors")? {
+                self.descriptor(item, &name, &mut root);
+            }
+        }
+        Some(Domain {
+            name,
+            source: self.file.to_owned(),
+            root,
+        })
+    }
+
+    fn descriptor(&mut self, node: &Yaml, parent: &str, level: &mut Level) {
+        let Some(map) = self.map(node, parent, "a descriptor", DESCRIPTOR_KEYS) else {
+            return;
+        };
+        let key = match map.get("key") {
+            Some(k) => self.string(k, parent, "key").unwrap_or_default(),
+            None => String::new(),
+        };
+        if key.is_empty() {
+            self.error(node.line, parent, "descriptor has empty key");
+            return;
+        }
+        let value = match map.get("value") {
+            Some(v) => self.string(v, parent, "value").unwrap_or_default(),
+            None => String::new(),
+        };
+        let path = if value.is_empty() {
+            format!("{parent}/{key}")
+        } else {
+            format!("{parent}/{key}={value}")
+        };
+        let flags = Flags {
+            shadow_mode: self.boolean(map.get("shadow_mode"), &path, "shadow_mode"),
+            quota_mode: self.boolean(map.get("quota_mode"), &path, "quota_mode"),
+            detailed_metric: self.boolean(map.get("detailed_metric"), &path, "detailed_metric"),
+            share_threshold: self.boolean(map.get("share_threshold"), &path, "share_threshold"),
+        };
+        // Checked for type only; it names metrics, never changes decisions.
+        self.boolean(map.get("value_to_metric"), &path, "value_to_metric");
+        if flags.share_threshold && !Pattern::is_pattern(&value) {
+            self.error(
+                node.line,
+                &path,
+                "share_threshold can only be set on a value with a '*' wildcard",
+            );
+        }
+
+        let rule = self.rule(&map, node.line, &path, &flags);
+        let mut children = Level::default();
+        if let Some(items) = map
+            .get("descriptors")
+            .and_then(|l| self.list(l, &path, "descriptors"))
+        {
+            for item in items {
+                self.descriptor(item, &path, &mut children);
+            }
+        }
+        let compiled = Node {
+            rule: rule.map(Arc::new),
+            children,
+            share_threshold: flags.share_threshold,
+        };
+        let rules: &mut KeyRules = level.keys.entry(key).or_default();
+        let duplicate = if value.is_empty() {
+            rules.any.replace(Box::new(compiled)).is_some()
+        } else if Pattern::is_pattern(&value) {
+            let dup = rules.wildcards.iter().any(|(p, _)| p.as_str() == value);
+            rules.wildcards.push((Pattern::new(&value), compiled));
+            dup
+        } else {
+            rules.values.insert(value, compiled).is_some()
+        };
+        if duplicate {
+            self.error(
+                node.line,
+                &path,
+                "duplicate descriptor: the same key and value already appear at this level",
+            );
+        }
+    }
+
+    fn rule(
+        &mut self,
+        map: &HashMap<&str, &Yaml>,
+        line: usize,
+        path: &str,
+        flags: &Flags,
+    ) -> Option<Rule> {
+        let blocks: Vec<&Yaml> = match (map.get("rate_limit"), map.get("rate_limits")) {
+            (None, None) => return None,
+            (Some(_), Some(_)) => {
+                return self.fail(
+                    line,
+                    path,
+                    "use either 'rate_limit' or 'rate_limits', not both",
+                );
+            }
+            (Some(one), None) => vec![*one],
+            (None, Some(many)) => {
+                let items = self.list(many, path, "rate_limits")?;
+                if items.is_empty() {
+                    return self.fail(
+                        many.line,
+                        path,
+                        "'rate_limits' must list at least one limit",
+                    );
+                }
+                items.iter().collect()
+            }
+        };
+        let mut limits = Vec::new();
+        let mut unlimited = false;
+        for block in &blocks {
+            match self.rate_limit(block, path)? {
+                Parsed::Unlimited => unlimited = true,
+                Parsed::Limit(limit) => limits.push(limit),
+            }
+        }
+        if unlimited && blocks.len() > 1 {
+            return self.fail(
+                line,
+                path,
+                "an unlimited rate limit cannot be combined with other limits",
+            );
+        }
+        let role = if flags.shadow_mode {
+            Role::Shadow
+        } else if flags.quota_mode {
+            Role::Quota
+        } else {
+            Role::Enforce
+        };
+        Some(Rule {
+            path: path.to_owned(),
+            limits,
+            unlimited,
+            role,
+            detailed_metric: flags.detailed_metric,
+        })
+    }
+
+    fn rate_limit(&mut self, node: &Yaml, path: &str) -> Option<Parsed> {
+        let map = self.map(node, path, "a rate limit", RATE_LIMIT_KEYS)?;
+        let unlimited = self.boolean(map.get("unlimited"), path, "unlimited");
+        let name = match map.get("name") {
+            Some(n) => Some(self.string(n, path, "name")?).filter(|n| !n.is_empty()),
+            None => None,
+        };
+        let replaces = self.replaces(map.get("replaces").copied(), path, name.as_deref());
+        let unit = match map.get("unit") {
+            Some(u) => Some((self.string(u, path, "unit")?, u.line)),
+            None => None,
+        };
+        if unlimited {
+            if unit.as_ref().is_some_and(|(u, _)| !u.is_empty()) {
+                return self.fail(
+                    node.line,
+                    path,
+                    "should not specify rate limit unit when unlimited",
+                );
+            }
+            return Some(Parsed::Unlimited);
+        }
+        let (duration_ms, reported) = match unit {
+            Some((text, line)) if !text.is_empty() => match parse_unit(&text) {
+                Ok(parsed) => parsed,
+                Err(e) => return self.fail(line, path, e),
+            },
+            _ => {
+                return self.fail(
+                    node.line,
+                    path,
+                    "invalid rate limit unit '': 'unit' is required unless 'unlimited: true'",
+                );
+            }
+        };
+        let requests = match map.get("requests_per_unit") {
+            Some(n) => self.integer(n, path, "requests_per_unit", u64::from(u32::MAX))?,
+            None => return self.fail(node.line, path, "'requests_per_unit' is required"),
+        };
+        let algorithm = self.algorithm(&map, node.line, path, duration_ms)?;
+        let replaces = replaces?;
+        Some(Parsed::Limit(Limit {
+            spec: LimitSpec {
+                requests,
+                window: Window {
+                    duration_ms,
+                    algorithm,
+                },
+            },
+            unit: reported,
+            name: name.map(Arc::from),
+            replaces,
+        }))
+    }
+
+    fn algorithm(
+        &mut self,
+        map: &HashMap<&str, &Yaml>,
+        line: usize,
+        path: &str,
+        duration_ms: u64,
+    ) -> Option<Algorithm> {
+        let name = match map.get("algorithm") {
+            Some(a) => self.string(a, path, "algorithm")?,
+            None => String::new(),
+        };
+        if let Some(burst) = map.get("burst") {
+            return self.fail(
+                burst.line,
+                path,
+                "'burst' applies only to algorithm token_bucket",
+            );
+        }
+        let precision = map.get("precision");
+        match name.as_str() {
+            "" | "sliding_window" => {
+                let precision_ms = match precision {
+                    None => default_precision(duration_ms),
+                    Some(node) => {
+                        let text = self.string(node, path, "precision")?;
+                        let p = match parse_duration(&text) {
+                            Ok(p) => p,
+                            Err(e) => return self.fail(node.line, path, format!("invalid precision '{text}': {e}")),
+                        };
+                        if p > duration_ms || !duration_ms.is_multiple_of(p) {
+                            return self.fail(node.line, path, format!("precision '{text}' must divide the window ({duration_ms} ms) into whole buckets"));
+                        }
+                        if duration_ms / p > MAX_BUCKETS {
+                            return self.fail(node.line, path, format!("precision '{text}' makes {} buckets; at most {MAX_BUCKETS} are allowed", duration_ms / p));
+                        }
+                        p
+                    }
+                };
+                Some(Algorithm::SlidingWindow { precision_ms })
+            }
+            "fixed_window" => match precision {
+                Some(node) => self.fail(node.line, path, "'precision' applies only to algorithm sliding_window"),
+                None => Some(Algorithm::FixedWindow),
+            },
+            "token_bucket" | "sliding_log" => self.fail(
+                line,
+                path,
+                format!("algorithm '{name}' is not available in this version (use sliding_window or fixed_window)"),
+            ),
+            other => self.fail(
+                line,
+                path,
+                format!("unknown algorithm '{other}' (expected sliding_window, fixed_window, token_bucket or sliding_log)"),
+            ),
+        }
+    }
+
+    fn replaces(
+        &mut self,
+        node: Option<&Yaml>,
+        path: &str,
+        own: Option<&str>,
+    ) -> Option<Vec<String>> {
+        let Some(node) = node else {
+            return Some(Vec::new());
+        };
+        let mut names = Vec::new();
+        let mut ok = true;
+        for item in self.list(node, path, "replaces")? {
+            let Some(map) = self.map(item, path, "a replaces entry", &["name"]) else {
+                ok = false;
+                continue;
+            };
+            let name = match map.get("name") {
+                Some(n) => self.string(n, path, "name").unwrap_or_default(),
+                None => String::new(),
+            };
+            if name.is_empty() {
+                self.error(item.line, path, "should not have an empty replaces entry");
+                ok = false;
+            } else if Some(name.as_str()) == own {
+                self.error(
+                    item.line,
+                    path,
+                    "replaces should not contain name of same descriptor",
+                );
+                ok = false;
+            } else {
+                names.push(name);
+            }
+        }
+        let unique: HashSet<&String> = names.iter().collect();
+        if unique.len() != names.len() {
+            self.error(node.line, path, "replaces names the same limit twice");
+            ok = false;
+        }
+        ok.then_some(names)
+    }
+}
+
+enum Parsed {
+    Unlimited,
+    Limit(Limit),
+}
+
+/// `duration / n` for the largest `n ≤ DEFAULT_BUCKETS` that divides it exactly.
+fn default_precision(duration_ms: u64) -> u64 {
+    (1..=DEFAULT_BUCKETS)
+        .rev()
+        .find(|n| duration_ms.is_multiple_of(*n))
+        .map_or(duration_ms, |n| duration_ms / n)
+}

@@ -1,0 +1,154 @@
+//! Window lengths in rules files: envoyproxy/ratelimit's unit names, or
+//! Sluice's durations such as `90s`, `5m` or `1h30m`.
+
+/// The unit reported back to Envoy in `current_limit.unit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// The window is not one of the named units (for example `5m`).
+    Unknown,
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+const SECOND: u64 = 1_000;
+const MINUTE: u64 = 60 * SECOND;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+const WEEK: u64 = 7 * DAY;
+/// envoyproxy/ratelimit's month and year are fixed lengths, not calendar ones.
+const MONTH: u64 = 30 * DAY;
+const YEAR: u64 = 365 * DAY;
+
+const NAMED: [(&str, Unit, u64); 7] = [
+    ("second", Unit::Second, SECOND),
+    ("minute", Unit::Minute, MINUTE),
+    ("hour", Unit::Hour, HOUR),
+    ("day", Unit::Day, DAY),
+    ("week", Unit::Week, WEEK),
+    ("month", Unit::Month, MONTH),
+    ("year", Unit::Year, YEAR),
+];
+
+impl Unit {
+    /// The named unit whose length is exactly `ms`, if any.
+    pub fn of_window(ms: u64) -> Unit {
+        NAMED
+            .iter()
+            .find(|(_, _, len)| *len == ms)
+            .map_or(Unit::Unknown, |(_, u, _)| *u)
+    }
+
+    /// The length of a named unit in milliseconds.
+    pub fn millis(self) -> Option<u64> {
+        NAMED
+            .iter()
+            .find(|(_, u, _)| *u == self)
+            .map(|(_, _, len)| *len)
+    }
+}
+
+/// Parses a `unit` value: a unit name (any case) or a duration. Returns the
+/// window in milliseconds and the unit to report.
+pub fn parse_unit(text: &str) -> Result<(u64, Unit), String> {
+    if let Some((_, unit, ms)) = NAMED.iter().find(|(n, _, _)| n.eq_ignore_ascii_case(text)) {
+        return Ok((*ms, *unit));
+    }
+    let ms = parse_duration(text).map_err(|e| {
+        format!("invalid rate limit unit '{text}': {e} (use second, minute, hour, day, week, month, year, or a duration such as 90s or 5m)")
+    })?;
+    Ok((ms, Unit::of_window(ms)))
+}
+
+/// Parses a duration such as `250ms`, `90s`, `5m`, `1h30m`, `2d` or `1w` into
+/// milliseconds; it must be positive.
+pub fn parse_duration(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("empty duration".into());
+    }
+    if text.starts_with('-') {
+        return Err("a duration must be positive".into());
+    }
+    let mut total: u64 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("expected a number at '{rest}'"));
+        }
+        let number: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| "number too large".to_string())?;
+        rest = &rest[digits..];
+        let suffix = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let scale = match &rest[..suffix] {
+            "ms" => 1,
+            "s" => SECOND,
+            "m" => MINUTE,
+            "h" => HOUR,
+            "d" => DAY,
+            "w" => WEEK,
+            "" => return Err(format!("'{text}' needs a unit suffix (ms, s, m, h, d, w)")),
+            other => return Err(format!("unknown duration suffix '{other}'")),
+        };
+        rest = &rest[suffix..];
+        total = number
+            .checked_mul(scale)
+            .and_then(|ms| total.checked_add(ms))
+            .ok_or_else(|| "duration too large".to_string())?;
+    }
+    if total == 0 {
+        return Err("a duration must be positive".into());
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_names_are_case_insensitive_and_fixed_length() {
+        assert_eq!(parse_unit("MINUTE"), Ok((60_000, Unit::Minute)));
+        assert_eq!(parse_unit("month"), Ok((30 * 86_400_000, Unit::Month)));
+        assert_eq!(parse_unit("Year"), Ok((365 * 86_400_000, Unit::Year)));
+    }
+
+    #[test]
+    fn durations_report_a_named_unit_only_when_exact() {
+        assert_eq!(parse_unit("60s"), Ok((60_000, Unit::Minute)));
+        assert_eq!(parse_unit("5m"), Ok((300_000, Unit::Unknown)));
+        assert_eq!(parse_unit("1h30m"), Ok((5_400_000, Unit::Unknown)));
+        assert_eq!(parse_unit("250ms"), Ok((250, Unit::Unknown)));
+    }
+
+    #[test]
+    fn bad_durations_are_rejected() {
+        for bad in [
+            "",
+            "0s",
+            "-5s",
+            "5",
+            "5x",
+            "foo",
+            "s",
+            "99999999999999999999s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
+        }
+        assert!(
+            parse_unit("fortnight")
+                .unwrap_err()
+                .contains("invalid rate limit unit")
+        );
+    }
+}

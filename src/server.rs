@@ -1,0 +1,122 @@
+//! The listeners: gRPC (RLS, `grpc.health.v1`, reflection) and admin HTTP.
+//! `run` serves both until `shutdown` is cancelled; callers bind the sockets
+//! (tests bind `127.0.0.1:0`).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+
+use crate::decision::Limiter;
+use crate::headers::HeaderMode;
+use crate::proto as pb;
+use crate::service::RateLimitService;
+use crate::store::CounterStore;
+
+/// Both listening sockets.
+pub struct Listeners {
+    /// gRPC: RLS, health and reflection.
+    pub grpc: TcpListener,
+    /// Admin HTTP.
+    pub http: TcpListener,
+}
+
+impl Listeners {
+    /// Binds both addresses.
+    pub async fn bind(grpc: SocketAddr, http: SocketAddr) -> io::Result<Self> {
+        Ok(Self {
+            grpc: TcpListener::bind(grpc).await?,
+            http: TcpListener::bind(http).await?,
+        })
+    }
+
+    /// The bound gRPC address (useful with port 0).
+    pub fn grpc_addr(&self) -> io::Result<SocketAddr> {
+        self.grpc.local_addr()
+    }
+
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> io::Result<SocketAddr> {
+        self.http.local_addr()
+    }
+}
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    /// The reflection descriptors could not be loaded.
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The admin HTTP server failed.
+    #[error("admin HTTP server: {0}")]
+    Http(#[from] io::Error),
+}
+
+/// Serves until `shutdown` is cancelled, then stops accepting and lets
+/// in-flight requests finish.
+pub async fn run<S: CounterStore>(
+    limiter: Arc<Limiter<S>>,
+    headers: HeaderMode,
+    listeners: Listeners,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status(pb::SERVICE_NAME, ServingStatus::Serving)
+        .await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+
+    // Health turns NOT_SERVING first, so load balancers stop sending before
+    // the listener closes.
+    let health_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        health_shutdown.cancelled().await;
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        reporter
+            .set_service_status(pb::SERVICE_NAME, ServingStatus::NotServing)
+            .await;
+    });
+
+    // Decisions are small and latency-bound: never let Nagle hold a reply back.
+    let incoming = TcpListenerStream::new(listeners.grpc).map(|stream| {
+        stream.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    });
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
+        .add_service(pb::RateLimitServiceServer::new(RateLimitService::new(
+            limiter, headers,
+        )))
+        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
+    let admin = axum::serve(listeners.http, admin_router())
+        .with_graceful_shutdown(shutdown.cancelled_owned());
+    tokio::try_join!(async { grpc.await.map_err(ServeError::from) }, async {
+        admin.await.map_err(ServeError::from)
+    })?;
+    Ok(())
+}
+
+fn admin_router() -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(|| async { "ready\n" }))
+}

@@ -1,0 +1,159 @@
+//! The gRPC face of the limiter and the only module that converts between
+//! protobuf and the crate's own types: `pb::RateLimitRequest` → [`Request`],
+//! [`Decision`] → `pb::RateLimitResponse`, [`DecideError`] → `tonic::Status`.
+
+use std::sync::Arc;
+
+use tonic::{Request as GrpcRequest, Response, Status as GrpcStatus};
+
+use crate::decision::{DecideError, Decision, Limiter};
+use crate::headers::{HeaderMode, headers};
+use crate::proto as pb;
+use crate::proto::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit,
+};
+use crate::request::{Descriptor, Entry, Override, Request};
+use crate::rules::Unit;
+use crate::store::CounterStore;
+
+/// `envoy.service.ratelimit.v3.RateLimitService` over a [`Limiter`].
+pub struct RateLimitService<S> {
+    limiter: Arc<Limiter<S>>,
+    headers: HeaderMode,
+}
+
+impl<S> RateLimitService<S> {
+    /// A service answering from `limiter`, adding `headers` to responses.
+    pub fn new(limiter: Arc<Limiter<S>>, headers: HeaderMode) -> Self {
+        Self { limiter, headers }
+    }
+}
+
+#[tonic::async_trait]
+impl<S: CounterStore> pb::RateLimitService for RateLimitService<S> {
+    async fn should_rate_limit(
+        &self,
+        request: GrpcRequest<pb::RateLimitRequest>,
+    ) -> Result<Response<pb::RateLimitResponse>, GrpcStatus> {
+        let request = from_pb(request.into_inner()).map_err(to_grpc_status)?;
+        let decision = self
+            .limiter
+            .decide(&request)
+            .await
+            .map_err(to_grpc_status)?;
+        Ok(Response::new(to_pb(&decision, self.headers)))
+    }
+}
+
+/// Maps a decision error to the gRPC status Envoy acts on.
+pub fn to_grpc_status(error: DecideError) -> GrpcStatus {
+    match error {
+        DecideError::InvalidArgument(message) => GrpcStatus::invalid_argument(message),
+        // UNAVAILABLE, not UNKNOWN: Envoy's `failure_mode_deny` then decides
+        // whether traffic flows while the store is down.
+        DecideError::Store(e) => GrpcStatus::unavailable(e.to_string()),
+    }
+}
+
+/// Converts the wire request, moving its strings.
+pub fn from_pb(request: pb::RateLimitRequest) -> Result<Request, DecideError> {
+    let descriptors = request
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            if d.is_negative_hits {
+                return Err(DecideError::InvalidArgument(format!(
+                    "descriptor {i}: is_negative_hits is not supported"
+                )));
+            }
+            let limit = match d.limit {
+                None => None,
+                Some(l) => Some(Override {
+                    requests_per_unit: l.requests_per_unit,
+                    unit: override_unit(l.unit, i)?,
+                }),
+            };
+            Ok(Descriptor {
+                entries: d
+                    .entries
+                    .into_iter()
+                    .map(|e| Entry {
+                        key: e.key,
+                        value: e.value,
+                    })
+                    .collect(),
+                limit,
+                hits_addend: d.hits_addend,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Request {
+        domain: request.domain,
+        descriptors,
+        hits_addend: request.hits_addend,
+    })
+}
+
+fn override_unit(unit: i32, descriptor: usize) -> Result<Unit, DecideError> {
+    match pb::RateLimitUnit::try_from(unit) {
+        Ok(pb::RateLimitUnit::Second) => Ok(Unit::Second),
+        Ok(pb::RateLimitUnit::Minute) => Ok(Unit::Minute),
+        Ok(pb::RateLimitUnit::Hour) => Ok(Unit::Hour),
+        Ok(pb::RateLimitUnit::Day) => Ok(Unit::Day),
+        Ok(pb::RateLimitUnit::Month) => Ok(Unit::Month),
+        Ok(pb::RateLimitUnit::Year) => Ok(Unit::Year),
+        _ => Err(DecideError::InvalidArgument(format!(
+            "descriptor {descriptor}: limit override has unknown unit {unit}"
+        ))),
+    }
+}
+
+fn unit_to_pb(unit: Unit) -> PbUnit {
+    match unit {
+        Unit::Unknown => PbUnit::Unknown,
+        Unit::Second => PbUnit::Second,
+        Unit::Minute => PbUnit::Minute,
+        Unit::Hour => PbUnit::Hour,
+        Unit::Day => PbUnit::Day,
+        Unit::Week => PbUnit::Week,
+        Unit::Month => PbUnit::Month,
+        Unit::Year => PbUnit::Year,
+    }
+}
+
+/// Builds the wire response for `decision`.
+pub fn to_pb(decision: &Decision, mode: HeaderMode) -> pb::RateLimitResponse {
+    let code = |over: bool| if over { Code::OverLimit } else { Code::Ok } as i32;
+    let statuses = decision
+        .statuses
+        .iter()
+        .map(|s| DescriptorStatus {
+            code: code(s.over_limit),
+            current_limit: s.limit.as_ref().map(|l| RateLimit {
+                name: l.name.as_deref().unwrap_or_default().to_owned(),
+                requests_per_unit: u32::try_from(l.requests).unwrap_or(u32::MAX),
+                unit: unit_to_pb(l.unit) as i32,
+            }),
+            limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
+            duration_until_reset: s.reset_ms.map(|ms| prost_types::Duration {
+                seconds: (ms / 1_000) as i64,
+                nanos: ((ms % 1_000) * 1_000_000) as i32,
+            }),
+            quota: None,
+        })
+        .collect();
+    pb::RateLimitResponse {
+        overall_code: code(!decision.admitted),
+        statuses,
+        response_headers_to_add: headers(mode, decision)
+            .into_iter()
+            .map(|(key, value)| pb::HeaderValue {
+                key: key.to_owned(),
+                value,
+                raw_value: Vec::new(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}

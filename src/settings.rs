@@ -1,0 +1,238 @@
+//! The service's settings: one typed struct, filled from defaults, then a
+//! settings file (`--config`, TOML or YAML), then `SLUICE_…` environment
+//! variables, then command-line flags — each later source wins.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::Bounds;
+use crate::headers::HeaderMode;
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Every setting of `sluice serve`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    /// Rules file or directory; `None` serves the built-in example rules.
+    pub rules: Option<PathBuf>,
+    /// gRPC listen address (RLS, health, reflection).
+    pub grpc_addr: SocketAddr,
+    /// Admin HTTP listen address.
+    pub http_addr: SocketAddr,
+    /// Rate-limit headers added to responses.
+    pub response_headers: HeaderMode,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter, in `tracing` env-filter syntax (e.g. `info`, `sluice=debug`).
+    pub log_level: String,
+    /// Most counters the in-memory store keeps.
+    pub memory_max_keys: usize,
+    /// Most descriptors in one request.
+    pub max_descriptors: usize,
+    /// Most entries in one descriptor.
+    pub max_entries: usize,
+    /// Longest descriptor key or value, in bytes.
+    pub max_entry_bytes: usize,
+    /// Largest request or descriptor weight.
+    pub max_hits_addend: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let bounds = Bounds::default();
+        Self {
+            rules: None,
+            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
+            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            response_headers: HeaderMode::Off,
+            log_format: LogFormat::Human,
+            log_level: "info".into(),
+            memory_max_keys: crate::store::MemoryStoreConfig::default().max_keys,
+            max_descriptors: bounds.max_descriptors,
+            max_entries: bounds.max_entries,
+            max_entry_bytes: bounds.max_entry_bytes,
+            max_hits_addend: bounds.max_hits_addend,
+        }
+    }
+}
+
+/// Flags of `sluice serve` that override settings; unset flags leave the
+/// value from the file, the environment or the default.
+#[derive(Clone, Debug, Default, clap::Args, Serialize)]
+pub struct SettingsFlags {
+    /// Rules file, or directory of rules files [default: the built-in example rules]
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rules: Option<PathBuf>,
+    /// gRPC listen address [default: 0.0.0.0:8081]
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// Admin HTTP listen address [default: 0.0.0.0:8080]
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_addr: Option<SocketAddr>,
+    /// Rate-limit headers to add to responses [default: off]
+    #[arg(long, value_enum, value_name = "MODE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_headers: Option<HeaderMode>,
+    /// Log format [default: human]
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<LogFormat>,
+    /// Log filter, e.g. info or sluice=debug [default: info]
+    #[arg(long, value_name = "FILTER")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
+    /// Most counters the in-memory store keeps [default: 1000000]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_max_keys: Option<usize>,
+    /// Most descriptors in one request [default: 64]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_descriptors: Option<usize>,
+    /// Most entries in one descriptor [default: 32]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<usize>,
+    /// Longest descriptor key or value in bytes [default: 16384]
+    #[arg(long, value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_entry_bytes: Option<usize>,
+    /// Largest request or descriptor weight [default: 1000000000]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_hits_addend: Option<u64>,
+}
+
+/// Why settings could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid settings: {0}")]
+pub struct SettingsError(#[from] config::ConfigError);
+
+impl Settings {
+    /// Reads the settings from `file` (if any), the process environment and
+    /// `flags`.
+    pub fn load(file: Option<&Path>, flags: &SettingsFlags) -> Result<Self, SettingsError> {
+        Self::load_from(file, flags, None)
+    }
+
+    /// As [`Settings::load`], but with `env` instead of the process
+    /// environment when given (tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        flags: &SettingsFlags,
+        env: Option<config::Map<String, String>>,
+    ) -> Result<Self, SettingsError> {
+        let mut builder = config::Config::builder();
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        // No deny-unknown here: Kubernetes injects `SLUICE_SERVICE_HOST`-style
+        // variables for a Service named `sluice`, which must not break start-up.
+        builder = builder.add_source(
+            config::Environment::with_prefix("SLUICE")
+                .try_parsing(true)
+                .source(env),
+        );
+        builder = builder.add_source(config::Config::try_from(flags)?);
+        Ok(builder.build()?.try_deserialize()?)
+    }
+
+    /// The request bounds.
+    pub fn bounds(&self) -> Bounds {
+        Bounds {
+            max_descriptors: self.max_descriptors,
+            max_entries: self.max_entries,
+            max_entry_bytes: self.max_entry_bytes,
+            max_hits_addend: self.max_hits_addend,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_set() {
+        let s = Settings::load_from(None, &SettingsFlags::default(), env(&[])).unwrap();
+        assert_eq!(s, Settings::default());
+        assert_eq!(s.grpc_addr.port(), 8081);
+        assert_eq!(s.http_addr.port(), 8080);
+    }
+
+    #[test]
+    fn file_then_env_then_flags_each_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sluice.toml");
+        std::fs::write(
+            &file,
+            "grpc_addr = \"127.0.0.1:1000\"\nmax_entries = 3\nlog_level = \"debug\"\n",
+        )
+        .unwrap();
+        let flags = SettingsFlags {
+            max_entries: Some(5),
+            ..Default::default()
+        };
+        let s = Settings::load_from(
+            Some(&file),
+            &flags,
+            env(&[
+                ("SLUICE_GRPC_ADDR", "127.0.0.1:2000"),
+                ("SLUICE_RESPONSE_HEADERS", "ietf"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.grpc_addr.port(), 2000);
+        assert_eq!(s.max_entries, 5);
+        assert_eq!(s.log_level, "debug");
+        assert_eq!(s.response_headers, HeaderMode::Ietf);
+    }
+
+    #[test]
+    fn kubernetes_service_variables_are_ignored() {
+        let s = Settings::load_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[
+                ("SLUICE_SERVICE_HOST", "10.0.0.1"),
+                ("SLUICE_PORT", "tcp://10.0.0.1:8081"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        let err = Settings::load_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[("SLUICE_GRPC_ADDR", "nope")]),
+        );
+        assert!(err.is_err());
+    }
+}

@@ -1,0 +1,268 @@
+//! The embedded in-memory store: the same algorithms as Redis, on one node.
+//!
+//! Counters live in shards (a mutex and an `IndexMap` each) chosen by key
+//! hash, so the cores work in parallel. A request locks the shards of all its
+//! counters in ascending order (no deadlock), checks, applies, and unlocks:
+//! one critical section, so concurrent requests can never over-admit.
+//!
+//! Memory is bounded: at most `max_keys` counters. When a shard is full, a new
+//! counter evicts the sampled counter that expires soonest (an expired one when
+//! there is one, which loses nothing). Forgetting a live counter can only admit
+//! more, never reject more. A periodic [`MemoryStore::sweep`] drops expired
+//! counters so idle memory is returned.
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use indexmap::IndexMap;
+use parking_lot::{Mutex, MutexGuard};
+
+use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError};
+use crate::limiter::{Clock, CounterKey, Millis, State, admits};
+
+/// Counters sampled when a full shard must make room.
+const EVICTION_SAMPLES: usize = 8;
+
+/// Settings of the memory store.
+#[derive(Clone, Debug)]
+pub struct MemoryStoreConfig {
+    /// Most counters kept; at the cap the soonest-expiring are evicted.
+    pub max_keys: usize,
+    /// Number of independently locked shards (rounded up to a power of two).
+    pub shards: usize,
+}
+
+impl Default for MemoryStoreConfig {
+    fn default() -> Self {
+        Self {
+            max_keys: 1_000_000,
+            shards: 64,
+        }
+    }
+}
+
+/// The in-memory counter store.
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    /// Shared with tests (a manual clock) or the system clock.
+    clock: Arc<dyn Clock>,
+    hasher: RandomState,
+    per_shard: usize,
+    /// Live counters evicted to stay under the cap, for metrics; atomic because
+    /// shards are locked independently.
+    evicted: AtomicU64,
+}
+
+struct Shard {
+    counters: IndexMap<CounterKey, State>,
+    /// xorshift state for eviction sampling; per shard so it needs no extra lock.
+    rng: u64,
+}
+
+impl MemoryStore {
+    /// A store reading time from `clock`.
+    pub fn new(config: &MemoryStoreConfig, clock: Arc<dyn Clock>) -> Self {
+        let shards = config.shards.max(1).next_power_of_two();
+        let per_shard = config.max_keys.div_ceil(shards).max(1);
+        Self {
+            shards: (0..shards)
+                .map(|i| {
+                    Mutex::new(Shard {
+                        counters: IndexMap::new(),
+                        rng: 0x9E37_79B9_7F4A_7C15 ^ i as u64,
+                    })
+                })
+                .collect(),
+            clock,
+            hasher: RandomState::new(),
+            per_shard,
+            evicted: AtomicU64::new(0),
+        }
+    }
+
+    /// Counters currently held.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().counters.len()).sum()
+    }
+
+    /// Whether no counter is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Live counters evicted so far because the store was full.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Drops every counter that counts nothing any more at `now`.
+    pub fn sweep(&self, now: Millis) {
+        for shard in &*self.shards {
+            shard
+                .lock()
+                .counters
+                .retain(|_, state| state.expires_at() > now);
+        }
+    }
+
+    /// Drops expired counters at the store clock's current time.
+    pub fn sweep_now(&self) {
+        self.sweep(self.clock.now());
+    }
+
+    fn shard_of(&self, key: &CounterKey) -> usize {
+        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+    }
+
+    /// Checks and applies `batch` at `now` in one critical section.
+    pub fn apply_at(&self, batch: &Batch, now: Millis) -> BatchOutcome {
+        let counters: Vec<(CounterKey, usize)> = batch
+            .items
+            .iter()
+            .flat_map(|item| {
+                item.limits.iter().map(|l| CounterKey {
+                    identity: item.identity.clone(),
+                    window: l.window,
+                })
+            })
+            .map(|key| {
+                let shard = self.shard_of(&key);
+                (key, shard)
+            })
+            .collect();
+        let mut order: Vec<usize> = counters.iter().map(|(_, s)| *s).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| self.shards[i].lock()).collect();
+        let guard = |shard: usize| {
+            order
+                .binary_search(&shard)
+                .expect("every counter's shard is locked")
+        };
+
+        // Pass 1: check every limit as if every earlier limit of this request
+        // had been counted (a request may name one counter twice).
+        let mut checked: Vec<(u64, bool)> = Vec::with_capacity(counters.len());
+        let mut verdicts = Vec::with_capacity(batch.items.len());
+        let mut index = 0;
+        for item in &batch.items {
+            let mut item_over = false;
+            for limit in &item.limits {
+                let (key, shard) = &counters[index];
+                let shard = &mut guards[guard(*shard)];
+                let used = shard.counters.get_mut(key).map_or(0, |s| s.used(now));
+                let pending: u64 = batch_hits_before(batch, &counters, index, key);
+                let over = used + pending + item.hits > limit.requests;
+                item_over |= over;
+                checked.push((used + pending, over));
+                index += 1;
+            }
+            verdicts.push((item.role, item_over));
+        }
+        let admitted = admits(verdicts);
+
+        // Pass 2: count everything, or nothing.
+        let mut limits = Vec::with_capacity(counters.len());
+        let mut index = 0;
+        for item in &batch.items {
+            for limit in &item.limits {
+                let (key, shard) = &counters[index];
+                let shard = &mut *guards[guard(*shard)];
+                let (seen, over) = checked[index];
+                let reset_ms = if admitted && item.hits > 0 {
+                    let state = shard.entry(key, &counters, now, self);
+                    state.add(now, item.hits);
+                    state.reset_ms(now)
+                } else {
+                    shard.counters.get(key).map_or_else(
+                        || State::new(limit.window).reset_ms(now),
+                        |s| s.reset_ms(now),
+                    )
+                };
+                let used = if admitted { seen + item.hits } else { seen };
+                limits.push(LimitOutcome {
+                    used,
+                    over,
+                    reset_ms,
+                });
+                index += 1;
+            }
+        }
+        BatchOutcome { admitted, limits }
+    }
+}
+
+/// Hits that earlier limits of the same batch add to the same counter.
+fn batch_hits_before(
+    batch: &Batch,
+    counters: &[(CounterKey, usize)],
+    index: usize,
+    key: &CounterKey,
+) -> u64 {
+    let mut sum = 0;
+    let mut i = 0;
+    for item in &batch.items {
+        for _ in &item.limits {
+            if i >= index {
+                return sum;
+            }
+            if counters[i].0 == *key {
+                sum += item.hits;
+            }
+            i += 1;
+        }
+    }
+    sum
+}
+
+impl Shard {
+    /// The state of `key`, created if missing; a full shard first evicts the
+    /// sampled counter that expires soonest, never one of this batch's.
+    fn entry(
+        &mut self,
+        key: &CounterKey,
+        batch: &[(CounterKey, usize)],
+        now: Millis,
+        store: &MemoryStore,
+    ) -> &mut State {
+        if !self.counters.contains_key(key) && self.counters.len() >= store.per_shard {
+            self.evict_one(batch, now, store);
+        }
+        self.counters
+            .entry(key.clone())
+            .or_insert_with(|| State::new(key.window))
+    }
+
+    fn evict_one(&mut self, batch: &[(CounterKey, usize)], now: Millis, store: &MemoryStore) {
+        let len = self.counters.len();
+        let mut victim: Option<(usize, Millis)> = None;
+        for _ in 0..EVICTION_SAMPLES.min(len) {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let i = (self.rng % len as u64) as usize;
+            let (key, state) = self.counters.get_index(i).expect("index below len");
+            if batch.iter().any(|(k, _)| k == key) {
+                continue;
+            }
+            let expires = state.expires_at();
+            if victim.is_none_or(|(_, best)| expires < best) {
+                victim = Some((i, expires));
+            }
+        }
+        if let Some((i, expires)) = victim {
+            self.counters.swap_remove_index(i);
+            if expires > now {
+                store.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl CounterStore for MemoryStore {
+    async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
+        Ok(self.apply_at(batch, self.clock.now()))
+    }
+}

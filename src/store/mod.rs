@@ -1,0 +1,80 @@
+//! Counter stores. The unit of work is one request's whole batch, checked and
+//! applied atomically: every limit of every descriptor is checked first, and
+//! only if the request is admitted is every one of them incremented. A store
+//! never offers get-then-set primitives, so no caller can race itself.
+
+mod memory;
+
+pub use memory::{MemoryStore, MemoryStoreConfig};
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::limiter::{Identity, LimitSpec, Role};
+
+/// Everything one request asks of the store.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// One item per descriptor that has limits to check.
+    pub items: Vec<BatchItem>,
+}
+
+/// One descriptor's counters.
+#[derive(Clone, Debug)]
+pub struct BatchItem {
+    /// Whose counters.
+    pub identity: Identity,
+    /// The limits to check and count; one counter each.
+    pub limits: Vec<LimitSpec>,
+    /// Weight added to each limit when the request is admitted; 0 only checks.
+    pub hits: u64,
+    /// How this descriptor's verdict takes part in the request's.
+    pub role: Role,
+}
+
+/// What the store decided for one limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitOutcome {
+    /// Weighted hits in the window: after this request when it was admitted,
+    /// before it otherwise.
+    pub used: u64,
+    /// Whether this request's hits did not fit under this limit.
+    pub over: bool,
+    /// Milliseconds until headroom next grows.
+    pub reset_ms: u64,
+}
+
+/// What the store decided for a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Whether the request was admitted (and so counted).
+    pub admitted: bool,
+    /// One outcome per limit, in item order and then limit order.
+    pub limits: Vec<LimitOutcome>,
+}
+
+/// A store failure. Over limit is never an error; it is an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or refused the call.
+    #[error("counter store unavailable: {0}")]
+    Unavailable(String),
+    /// The store did not answer in time.
+    #[error("counter store did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl StoreError {
+    /// Whether retrying later may succeed (every current variant may).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Timeout(_))
+    }
+}
+
+/// A place where counters live.
+pub trait CounterStore: Send + Sync + 'static {
+    /// Checks every limit of the batch and, if the request is admitted,
+    /// counts every one of them, atomically.
+    fn apply(&self, batch: &Batch)
+    -> impl Future<Output = Result<BatchOutcome, StoreError>> + Send;
+}
