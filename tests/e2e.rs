@@ -1,0 +1,386 @@
+//! End to end over loopback sockets: the server started in process on
+//! 127.0.0.1:0 and called with a client generated from Envoy's own published
+//! protos (the `envoy-types` crate), so our trimmed `proto/` is checked
+//! against the real wire contract. Also health, reflection, the admin HTTP
+//! port, concurrency, and the binary as the README starts it.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use sluice::headers::HeaderMode;
+use support::Server;
+use tokio_stream::StreamExt as _;
+
+const RULES: &str = r#"
+domain: e2e
+descriptors:
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per-client}
+  - key: tenant
+    value: big
+    rate_limit: {unlimited: true}
+"#;
+
+fn envoy_request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors
+            .iter()
+            .map(|d| RateLimitDescriptor {
+                entries: d
+                    .iter()
+                    .map(|(k, v)| rate_limit_descriptor::Entry {
+                        key: (*k).into(),
+                        value: (*v).into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn channel(server: &Server) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(server.uri())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect")
+}
+
+async fn client(server: &Server) -> RateLimitServiceClient<tonic::transport::Channel> {
+    RateLimitServiceClient::connect(server.uri())
+        .await
+        .expect("connect")
+}
+
+async fn call(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    request: RateLimitRequest,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(request)
+        .await
+        .expect("answer")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn envoy_client_gets_codes_limits_remaining_and_reset() {
+    let server = Server::start(RULES, HeaderMode::Draft03).await;
+    let mut c = client(&server).await;
+    let r = call(
+        &mut c,
+        envoy_request("e2e", &[&[("client", "a")], &[("tenant", "big")]]),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let s = &r.statuses[0];
+    let limit = s.current_limit.as_ref().expect("current limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit, limit.name.as_str()),
+        (5, Unit::Minute as i32, "per-client")
+    );
+    assert_eq!(s.limit_remaining, 4);
+    let reset = s.duration_until_reset.expect("reset");
+    assert!(reset.seconds > 0 && reset.seconds <= 66, "{reset:?}");
+    assert_eq!(r.statuses[1].limit_remaining, u32::MAX);
+    let names: Vec<&str> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| h.key.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset"
+        ]
+    );
+    for _ in 0..4 {
+        call(&mut c, envoy_request("e2e", &[&[("client", "a")]])).await;
+    }
+    let r = call(&mut c, envoy_request("e2e", &[&[("client", "a")]])).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].code),
+        (Code::OverLimit as i32, Code::OverLimit as i32)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn descriptor_hits_addend_travels_as_a_wrapper_message() {
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    let mut c = client(&server).await;
+    let mut req = envoy_request("e2e", &[&[("client", "w")]]);
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 4 });
+    assert_eq!(
+        call(&mut c, req.clone()).await.statuses[0].limit_remaining,
+        1
+    );
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    let r = call(&mut c, req).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 1),
+        "check only"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_requests_get_invalid_argument_over_the_wire() {
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    let mut c = client(&server).await;
+    let err = c
+        .should_rate_limit(envoy_request("", &[&[("client", "a")]]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let err = c
+        .should_rate_limit(envoy_request("e2e", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_calls_against_a_limit_of_five_admit_exactly_five() {
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    let channel = channel(&server).await;
+    let calls = (0..200).map(|_| {
+        let mut c = RateLimitServiceClient::new(channel.clone());
+        tokio::spawn(async move {
+            c.should_rate_limit(envoy_request("e2e", &[&[("client", "hot")]]))
+                .await
+                .unwrap()
+                .into_inner()
+        })
+    });
+    let mut admitted = 0;
+    for call in calls.collect::<Vec<_>>() {
+        if call.await.unwrap().overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 5);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn grpc_health_reports_serving_for_both_service_names() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    let mut health = HealthClient::new(channel(&server).await);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let r = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reflection_lists_the_rate_limit_service() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    let mut reflection = ServerReflectionClient::new(channel(&server).await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut replies = reflection
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply: ServerReflectionResponse = replies.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+        panic!("unexpected reply {reply:?}")
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
+    server.stop().await;
+}
+
+/// A plain HTTP/1.1 GET, enough for the admin endpoints.
+fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_http_answers_healthz_on_its_own_port() {
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    let http = server.http;
+    let reply = tokio::task::spawn_blocking(move || http_get(http, "/healthz"))
+        .await
+        .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.ends_with("ok\n"), "{reply}");
+    server.stop().await;
+}
+
+/// The binary, killed when dropped so a failing test leaves nothing behind.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `sluice serve` with `args` on loopback port 0 and returns it with
+/// the gRPC address it logged.
+fn start_binary(args: &[&str]) -> (Process, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sluice");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let process = Process(child);
+    for line in lines.by_ref() {
+        let line = line.expect("read log");
+        if let Some(at) = line.find("grpc=") {
+            let addr = line[at + 5..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string();
+            // Keep draining the log so the server never blocks on a full pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            return (process, addr);
+        }
+    }
+    panic!("sluice exited before listening");
+}
+
+#[test]
+fn the_binary_serves_the_example_rules_with_no_options_and_query_prints_the_decision() {
+    let (server, addr) = start_binary(&[]);
+    let query = |descriptor: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "query",
+                "--addr",
+                &addr,
+                "--domain",
+                "example",
+                "--descriptor",
+                descriptor,
+            ])
+            .output()
+            .expect("run query")
+    };
+    let out = query("remote_address=192.0.2.7");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.starts_with("OK"), "{text}");
+    assert!(
+        text.contains("limit 10 per minute (per-address)  remaining 9"),
+        "{text}"
+    );
+    for _ in 0..9 {
+        assert_eq!(query("remote_address=192.0.2.7").status.code(), Some(0));
+    }
+    let out = query("remote_address=192.0.2.7");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "over limit exits 1: {text}");
+    assert!(text.starts_with("OVER_LIMIT"), "{text}");
+    drop(server);
+}
+
+#[test]
+fn the_binary_stops_cleanly_on_sigterm() {
+    let (mut server, _) = start_binary(&[]);
+    let pid = server.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn the_binary_refuses_to_start_on_broken_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--rules",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bad.yaml:4: x/a: invalid rate limit unit 'fortnight'"),
+        "{stderr}"
+    );
+}
