@@ -73,13 +73,15 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
         };
         match parse_domain(&label, &bytes) {
             Ok(domain) => match seen.get(&domain.name) {
-                Some(first) => errors.push(file_error(
-                    &label,
-                    format!(
+                Some(first) => errors.push(ConfigError {
+                    file: label,
+                    line: domain.line,
+                    path: domain.name.clone(),
+                    message: format!(
                         "duplicate domain '{}' (already defined in {first})",
                         domain.name
                     ),
-                )),
+                }),
                 None => {
                     seen.insert(domain.name.clone(), label);
                     domains.push(domain);
@@ -144,6 +146,9 @@ pub fn parse_domain(file: &str, bytes: &[u8]) -> Result<Domain, Vec<ConfigError>
             message: "file is not valid UTF-8".into(),
         }]
     })?;
+    // Editors on Windows may start a UTF-8 file with a byte-order mark, which
+    // Go's YAML parser (and so envoyproxy/ratelimit) skips.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let docs = yaml::parse(text).map_err(|e| {
         vec![ConfigError {
             file: file.to_owned(),
@@ -253,6 +258,19 @@ impl Compiler<'_> {
         }
     }
 
+    /// The string under `name` in a map node; empty when absent, null or not
+    /// a string (the last reported).
+    fn field(&mut self, node: &Yaml, path: &str, name: &str) -> String {
+        let Kind::Map(pairs) = &node.kind else {
+            return String::new();
+        };
+        pairs
+            .iter()
+            .find(|(k, _)| matches!(&k.kind, Kind::Scalar { text, .. } if text == name))
+            .and_then(|(_, v)| self.string(v, path, name))
+            .unwrap_or_default()
+    }
+
     /// YAML booleans, including the YAML 1.1 words Go's parser accepts.
     fn boolean(&mut self, node: Option<&&Yaml>, path: &str, what: &str) -> bool {
         let Some(node) = node else { return false };
@@ -307,47 +325,61 @@ impl Compiler<'_> {
 
     fn domain(&mut self, doc: &Yaml) -> Option<Domain> {
         let map = self.map(doc, "", "the file", TOP_KEYS)?;
-        let name = match map.get("domain") {
-            Some(node) => self.string(node, "", "domain")?,
-            None => String::new(),
+        let (name, line) = match map.get("domain") {
+            Some(node) => (self.string(node, "", "domain"), node.line),
+            None => (Some(String::new()), doc.line),
         };
-        if name.is_empty() {
-            return self.fail(doc.line, "", "config file cannot have empty domain");
+        if name.as_deref() == Some("") {
+            self.error(line, "", "config file cannot have empty domain");
         }
+        // The descriptors are checked even without a domain, so that every
+        // error of the file is reported at once.
         let mut root = Level::default();
+        let mut listed = true;
         if let Some(node) = map.get("descriptors") {
-            for item in self.list(node, &name, "descriptors")? {
-                self.descriptor(item, &name, &mut root);
+            let parent = name.clone().unwrap_or_default();
+            match self.list(node, &parent, "descriptors") {
+                Some(items) => {
+                    for item in items {
+                        self.descriptor(item, &parent, &mut root);
+                    }
+                }
+                None => listed = false,
             }
         }
+        let name = name.filter(|n| !n.is_empty() && listed)?;
         Some(Domain {
             name,
+            line,
             source: self.file.to_owned(),
             root,
         })
     }
 
     fn descriptor(&mut self, node: &Yaml, parent: &str, level: &mut Level) {
-        let Some(map) = self.map(node, parent, "a descriptor", DESCRIPTOR_KEYS) else {
-            return;
-        };
-        let key = match map.get("key") {
-            Some(k) => self.string(k, parent, "key").unwrap_or_default(),
-            None => String::new(),
-        };
-        if key.is_empty() {
-            self.error(node.line, parent, "descriptor has empty key");
+        if !matches!(node.kind, Kind::Map(_)) {
+            self.error(
+                node.line,
+                parent,
+                format!("a descriptor must be a map, found {}", node.shape()),
+            );
             return;
         }
-        let value = match map.get("value") {
-            Some(v) => self.string(v, parent, "value").unwrap_or_default(),
-            None => String::new(),
-        };
+        // Key and value first, so that every other error names this descriptor.
+        let key = self.field(node, parent, "key");
+        let value = self.field(node, parent, "value");
         let path = if value.is_empty() {
             format!("{parent}/{key}")
         } else {
             format!("{parent}/{key}={value}")
         };
+        let Some(map) = self.map(node, &path, "a descriptor", DESCRIPTOR_KEYS) else {
+            return;
+        };
+        if key.is_empty() {
+            self.error(node.line, parent, "descriptor has empty key");
+            return;
+        }
         let flags = Flags {
             shadow_mode: self.boolean(map.get("shadow_mode"), &path, "shadow_mode"),
             quota_mode: self.boolean(map.get("quota_mode"), &path, "quota_mode"),
@@ -429,11 +461,17 @@ impl Compiler<'_> {
         };
         let mut limits = Vec::new();
         let mut unlimited = false;
+        let mut failed = false;
+        // Every block is checked, so that all their errors are reported.
         for block in &blocks {
-            match self.rate_limit(block, path)? {
-                Parsed::Unlimited => unlimited = true,
-                Parsed::Limit(limit) => limits.push(limit),
+            match self.rate_limit(block, path) {
+                Some(Parsed::Unlimited) => unlimited = true,
+                Some(Parsed::Limit(limit)) => limits.push(limit),
+                None => failed = true,
             }
+        }
+        if failed {
+            return None;
         }
         if unlimited && blocks.len() > 1 {
             return self.fail(
@@ -461,44 +499,55 @@ impl Compiler<'_> {
     fn rate_limit(&mut self, node: &Yaml, path: &str) -> Option<Parsed> {
         let map = self.map(node, path, "a rate limit", RATE_LIMIT_KEYS)?;
         let unlimited = self.boolean(map.get("unlimited"), path, "unlimited");
+        // `None` when the name is not a string (reported).
         let name = match map.get("name") {
-            Some(n) => Some(self.string(n, path, "name")?).filter(|n| !n.is_empty()),
-            None => None,
+            Some(n) => self
+                .string(n, path, "name")
+                .map(|n| Some(n).filter(|n| !n.is_empty())),
+            None => Some(None),
         };
-        let replaces = self.replaces(map.get("replaces").copied(), path, name.as_deref());
-        let unit = match map.get("unit") {
-            Some(u) => Some((self.string(u, path, "unit")?, u.line)),
-            None => None,
-        };
+        let replaces = self.replaces(
+            map.get("replaces").copied(),
+            path,
+            name.as_ref().and_then(Option::as_deref),
+        );
+        // The unit's text (`None` when not a string, reported) and line.
+        let unit = map
+            .get("unit")
+            .map(|u| (self.string(u, path, "unit"), u.line));
         if unlimited {
-            if unit.as_ref().is_some_and(|(u, _)| !u.is_empty()) {
+            if let Some((Some(text), line)) = &unit
+                && !text.is_empty()
+            {
                 return self.fail(
-                    node.line,
+                    *line,
                     path,
                     "should not specify rate limit unit when unlimited",
                 );
             }
             return Some(Parsed::Unlimited);
         }
-        let (duration_ms, reported) = match unit {
-            Some((text, line)) if !text.is_empty() => match parse_unit(&text) {
-                Ok(parsed) => parsed,
-                Err(e) => return self.fail(line, path, e),
+        // Each part is checked even when another is wrong, so that every error
+        // of the block is reported.
+        let window = match unit {
+            Some((Some(text), line)) if !text.is_empty() => match parse_unit(&text) {
+                Ok(parsed) => Some(parsed),
+                Err(e) => self.fail(line, path, e),
             },
-            _ => {
-                return self.fail(
-                    node.line,
-                    path,
-                    "invalid rate limit unit '': 'unit' is required unless 'unlimited: true'",
-                );
-            }
+            Some((None, _)) => None,
+            _ => self.fail(
+                node.line,
+                path,
+                "invalid rate limit unit '': 'unit' is required unless 'unlimited: true'",
+            ),
         };
         let requests = match map.get("requests_per_unit") {
-            Some(n) => self.integer(n, path, "requests_per_unit", u64::from(u32::MAX))?,
-            None => return self.fail(node.line, path, "'requests_per_unit' is required"),
+            Some(n) => self.integer(n, path, "requests_per_unit", u64::from(u32::MAX)),
+            None => self.fail(node.line, path, "'requests_per_unit' is required"),
         };
-        let algorithm = self.algorithm(&map, node.line, path, duration_ms)?;
-        let replaces = replaces?;
+        let algorithm = self.algorithm(&map, path, window.map(|(ms, _)| ms));
+        let (duration_ms, reported) = window?;
+        let (requests, algorithm, name, replaces) = (requests?, algorithm?, name?, replaces?);
         Some(Parsed::Limit(Limit {
             spec: LimitSpec {
                 requests,
@@ -513,18 +562,21 @@ impl Compiler<'_> {
         }))
     }
 
+    /// The algorithm of a rate limit whose window is `duration_ms` long
+    /// (`None` when the unit is wrong: the precision is then checked alone).
     fn algorithm(
         &mut self,
         map: &HashMap<&str, &Yaml>,
-        line: usize,
         path: &str,
-        duration_ms: u64,
+        duration_ms: Option<u64>,
     ) -> Option<Algorithm> {
-        let name = match map.get("algorithm") {
-            Some(a) => self.string(a, path, "algorithm")?,
-            None => String::new(),
+        let (name, line) = match map.get("algorithm") {
+            Some(a) => (self.string(a, path, "algorithm")?, a.line),
+            None => (String::new(), 0),
         };
-        if let Some(burst) = map.get("burst") {
+        if name != "token_bucket"
+            && let Some(burst) = map.get("burst")
+        {
             return self.fail(
                 burst.line,
                 path,
@@ -535,14 +587,18 @@ impl Compiler<'_> {
         match name.as_str() {
             "" | "sliding_window" => {
                 let precision_ms = match precision {
-                    None => default_precision(duration_ms),
+                    None => default_precision(duration_ms?),
                     Some(node) => {
                         let text = self.string(node, path, "precision")?;
                         let p = match parse_duration(&text) {
                             Ok(p) => p,
                             Err(e) => return self.fail(node.line, path, format!("invalid precision '{text}': {e}")),
                         };
-                        if p > duration_ms || !duration_ms.is_multiple_of(p) {
+                        let duration_ms = duration_ms?;
+                        if p > duration_ms {
+                            return self.fail(node.line, path, format!("precision '{text}' is longer than the window ({duration_ms} ms)"));
+                        }
+                        if !duration_ms.is_multiple_of(p) {
                             return self.fail(node.line, path, format!("precision '{text}' must divide the window ({duration_ms} ms) into whole buckets"));
                         }
                         if duration_ms / p > MAX_BUCKETS {

@@ -55,6 +55,8 @@ impl RuleSet {
 #[derive(Debug)]
 pub struct Domain {
     name: String,
+    /// The line of the `domain` entry in `source`.
+    line: usize,
     source: String,
     root: Level,
 }
