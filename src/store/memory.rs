@@ -266,3 +266,91 @@ impl CounterStore for MemoryStore {
         Ok(self.apply_at(batch, self.clock.now()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{Algorithm, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
+    use crate::store::BatchItem;
+
+    const MINUTE: Window = Window {
+        duration_ms: 60_000,
+        algorithm: Algorithm::FixedWindow,
+    };
+
+    fn hit(store: &MemoryStore, value: &str, now: Millis) -> BatchOutcome {
+        let mut identity = IdentityBuilder::new("d");
+        identity.value("k", value);
+        let item = BatchItem {
+            identity: identity.build(),
+            limits: vec![LimitSpec {
+                requests: 1,
+                window: MINUTE,
+            }],
+            hits: 1,
+            role: Role::Enforce,
+        };
+        store.apply_at(&Batch { items: vec![item] }, now)
+    }
+
+    fn store(max_keys: usize, shards: usize) -> MemoryStore {
+        MemoryStore::new(
+            &MemoryStoreConfig { max_keys, shards },
+            Arc::new(ManualClock::new(0)),
+        )
+    }
+
+    #[test]
+    fn a_flood_of_unique_values_never_grows_past_the_cap() {
+        let store = store(40, 4);
+        for i in 0..10_000 {
+            assert!(hit(&store, &i.to_string(), 1_000).admitted);
+            assert!(store.len() <= 40);
+        }
+        assert!(store.evicted() > 0, "live counters had to be evicted");
+    }
+
+    #[test]
+    fn expired_counters_are_evicted_before_live_ones() {
+        let store = store(4, 1);
+        for i in 0..4 {
+            hit(&store, &format!("old{i}"), 0);
+        }
+        // A minute later the old counters count nothing: replacing them loses nothing.
+        for i in 0..4 {
+            hit(&store, &format!("new{i}"), 60_000);
+        }
+        assert_eq!(store.evicted(), 0);
+    }
+
+    #[test]
+    fn sweep_drops_only_expired_counters() {
+        let store = store(100, 4);
+        hit(&store, "a", 0);
+        hit(&store, "b", 60_000);
+        store.sweep(60_000);
+        assert_eq!(store.len(), 1);
+        assert!(
+            !hit(&store, "b", 60_000).admitted,
+            "b's counter survived the sweep"
+        );
+    }
+
+    #[test]
+    fn a_rejected_request_creates_no_counter() {
+        let store = store(100, 4);
+        let mut identity = IdentityBuilder::new("d");
+        identity.value("k", "v");
+        let item = BatchItem {
+            identity: identity.build(),
+            limits: vec![LimitSpec {
+                requests: 0,
+                window: MINUTE,
+            }],
+            hits: 1,
+            role: Role::Enforce,
+        };
+        assert!(!store.apply_at(&Batch { items: vec![item] }, 0).admitted);
+        assert!(store.is_empty());
+    }
+}
