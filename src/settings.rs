@@ -96,7 +96,7 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "FILTER")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
-    /// Most counters the in-memory store keeps [default: 1000000]
+    /// Most counters the in-memory store keeps [default: 250000]
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_max_keys: Option<usize>,
