@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the service (in memory, with the example rules, when given no options).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate rules files or directories; print every error and exit non-zero if any.
     CheckConfig(CheckConfigArgs),
     /// Send one ShouldRateLimit request and print the decision.

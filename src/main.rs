@@ -13,16 +13,20 @@ use sluice::limiter::SystemClock;
 use sluice::rules::RulesSource;
 use sluice::server::{self, Listeners};
 use sluice::settings::Settings;
-use sluice::store::{MemoryStore, MemoryStoreConfig};
+use sluice::store::{MemoryStore, MemoryStoreConfig, RedisStore};
 use tokio_util::sync::CancellationToken;
 
 /// How often the memory store drops counters that have expired.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
+/// How long start-up waits for Redis before serving anyway (requests then
+/// fail UNAVAILABLE until Redis answers).
+const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::CheckConfig(args) => Ok(check_config(&args)),
         Command::Query(args) => query(&args),
     };
@@ -55,45 +59,68 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let domains = rules.domains().count();
 
     runtime()?.block_on(async {
-        let store = MemoryStore::new(
-            &MemoryStoreConfig {
-                max_keys: settings.memory_max_keys,
-                ..Default::default()
-            },
-            Arc::new(SystemClock),
-        );
-        let limiter = Arc::new(Limiter::new(rules, store, settings.bounds()));
         let listeners = Listeners::bind(settings.grpc_addr, settings.http_addr)
             .await
             .with_context(|| {
                 format!("binding {} and {}", settings.grpc_addr, settings.http_addr)
             })?;
-        tracing::info!(
-            grpc = %listeners.grpc_addr()?,
-            http = %listeners.http_addr()?,
-            rules = ?source,
-            domains,
-            store = "memory",
-            "sluice listening"
-        );
-
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone()));
-        let sweeper = Arc::clone(&limiter);
-        let sweep_stop = shutdown.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(SWEEP_INTERVAL);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => sweeper.store().sweep_now(),
-                    () = sweep_stop.cancelled() => break,
-                }
+        let started = |store: &str| -> anyhow::Result<()> {
+            tracing::info!(
+                grpc = %listeners.grpc_addr()?,
+                http = %listeners.http_addr()?,
+                rules = ?source,
+                domains,
+                store,
+                "sluice listening"
+            );
+            Ok(())
+        };
+        match settings.redis() {
+            Some(redis) => {
+                let store =
+                    RedisStore::connect(&redis, Arc::new(SystemClock), REDIS_CONNECT_TIMEOUT)
+                        .await?;
+                started(&format!("redis {}", redis.url))?;
+                let limiter = Arc::new(Limiter::new(rules, store, settings.bounds()));
+                server::run(
+                    limiter.clone(),
+                    settings.response_headers,
+                    listeners,
+                    shutdown,
+                )
+                .await?;
+                limiter.store().quit().await;
             }
-        });
-        server::run(limiter, settings.response_headers, listeners, shutdown).await?;
+            None => {
+                let store = MemoryStore::new(
+                    &MemoryStoreConfig {
+                        max_keys: settings.memory_max_keys,
+                        ..Default::default()
+                    },
+                    Arc::new(SystemClock),
+                );
+                started("memory")?;
+                let limiter = Arc::new(Limiter::new(rules, store, settings.bounds()));
+                tokio::spawn(sweep(limiter.clone(), shutdown.clone()));
+                server::run(limiter, settings.response_headers, listeners, shutdown).await?;
+            }
+        }
         tracing::info!("sluice stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Drops expired counters from the memory store every [`SWEEP_INTERVAL`].
+async fn sweep(limiter: Arc<Limiter<MemoryStore>>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => limiter.store().sweep_now(),
+            () = shutdown.cancelled() => break,
+        }
+    }
 }
 
 /// Cancels `shutdown` on SIGTERM or Ctrl-C.

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decision::Bounds;
 use crate::headers::HeaderMode;
+use crate::store::{RedisUrl, TimeSource};
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
@@ -47,6 +48,16 @@ pub struct Settings {
     pub max_entry_bytes: usize,
     /// Largest request or descriptor weight.
     pub max_hits_addend: u64,
+    /// Redis to keep counters in; `None` keeps them in memory.
+    pub redis_url: Option<RedisUrl>,
+    /// Redis connections, used round-robin.
+    pub redis_pool_size: usize,
+    /// Longest wait for Redis per decision, in milliseconds.
+    pub redis_timeout_ms: u64,
+    /// Prefix of every Redis key.
+    pub redis_key_prefix: String,
+    /// Where the Redis scripts take the time from.
+    pub time_source: TimeSource,
 }
 
 impl Default for Settings {
@@ -64,6 +75,11 @@ impl Default for Settings {
             max_entries: bounds.max_entries,
             max_entry_bytes: bounds.max_entry_bytes,
             max_hits_addend: bounds.max_hits_addend,
+            redis_url: None,
+            redis_pool_size: 4,
+            redis_timeout_ms: 10,
+            redis_key_prefix: "sluice:".into(),
+            time_source: TimeSource::Redis,
         }
     }
 }
@@ -116,6 +132,30 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_hits_addend: Option<u64>,
+    /// Keep counters in Redis: redis://[user:pass@]host:port[/db], rediss://… (TLS),
+    /// redis-cluster://host:port[,host:port…], redis-sentinel://host:port[,…]/service
+    /// [default: none, counters in memory]
+    #[arg(long, value_name = "URL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_url: Option<String>,
+    /// Redis connections, used round-robin [default: 4]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_pool_size: Option<usize>,
+    /// Longest wait for Redis per decision, in milliseconds; past it the request
+    /// fails UNAVAILABLE [default: 10]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_timeout_ms: Option<u64>,
+    /// Prefix of every Redis key [default: sluice:]
+    #[arg(long, value_name = "PREFIX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_key_prefix: Option<String>,
+    /// Clock of the Redis scripts: redis (Redis TIME, one clock for all replicas)
+    /// or local (this process's clock) [default: redis]
+    #[arg(long, value_enum, value_name = "SOURCE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_source: Option<TimeSource>,
 }
 
 /// Why settings could not be read.
@@ -150,6 +190,19 @@ impl Settings {
         );
         builder = builder.add_source(config::Config::try_from(flags)?);
         Ok(builder.build()?.try_deserialize()?)
+    }
+
+    /// The Redis store settings, when a Redis URL is set.
+    pub fn redis(&self) -> Option<crate::store::RedisStoreConfig> {
+        self.redis_url
+            .as_ref()
+            .map(|url| crate::store::RedisStoreConfig {
+                url: url.clone(),
+                pool_size: self.redis_pool_size,
+                timeout: std::time::Duration::from_millis(self.redis_timeout_ms.max(1)),
+                key_prefix: self.redis_key_prefix.clone(),
+                time: self.time_source,
+            })
     }
 
     /// The request bounds.
@@ -224,6 +277,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn the_redis_password_never_shows_in_debug_output() {
+        let s = Settings::load_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[("SLUICE_REDIS_URL", "redis://app:hunter2@redis:6379")]),
+        )
+        .unwrap();
+        let shown = format!("{s:?}");
+        assert!(shown.contains("redis://app:***@redis:6379"), "{shown}");
+        assert!(!shown.contains("hunter2"));
+        assert_eq!(
+            s.redis().unwrap().url.expose(),
+            "redis://app:hunter2@redis:6379"
+        );
     }
 
     #[test]

@@ -1,10 +1,19 @@
 //! Counter identities: the one place where a descriptor becomes a key.
 //!
-//! The encoding is injective: every part is length-prefixed, so no choice of
-//! domain, keys or values (separators, braces, newlines, any length) can make
-//! two different descriptors share a counter.
+//! The encoding is injective: every part is tagged and length-prefixed, so no
+//! choice of domain, keys or values (separators, braces, newlines, any
+//! length) can make two different descriptors share a counter.
+//!
+//! In Redis an identity becomes one key, `<prefix>{<tag>}`: the tag is the
+//! identity in hex when it is short (still injective) or `h` and the hex of
+//! its SHA-256 when it is long (bounded length). Hex has no `{` or `}`, so no
+//! value can choose the cluster slot, and the whole key of one identity hashes
+//! to one slot.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
 
 use super::Window;
 
@@ -16,6 +25,30 @@ impl Identity {
     /// The encoded bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
+    }
+
+    /// The Redis key of this identity's HASH.
+    pub fn storage_key(&self, prefix: &str) -> String {
+        let mut key = String::with_capacity(prefix.len() + 2 + 2 * INLINE_BYTES.max(32) + 1);
+        key.push_str(prefix);
+        key.push('{');
+        if self.0.len() <= INLINE_BYTES {
+            hex(&mut key, &self.0);
+        } else {
+            key.push('h');
+            hex(&mut key, &Sha256::digest(&self.0));
+        }
+        key.push('}');
+        key
+    }
+}
+
+/// Identities up to this many bytes are spelled out in their Redis key.
+const INLINE_BYTES: usize = 64;
+
+fn hex(out: &mut String, bytes: &[u8]) {
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
     }
 }
 
@@ -55,10 +88,20 @@ impl IdentityBuilder {
         Identity(self.buf.into())
     }
 
+    /// A tag byte, the length as a LEB128 varint (prefix-free, one byte
+    /// for short texts), then the text.
     fn part(&mut self, tag: u8, text: &str) {
         self.buf.push(tag);
-        self.buf
-            .extend_from_slice(&(text.len() as u64).to_le_bytes());
+        let mut len = text.len();
+        loop {
+            let byte = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                self.buf.push(byte);
+                break;
+            }
+            self.buf.push(byte | 0x80);
+        }
         self.buf.extend_from_slice(text.as_bytes());
     }
 }
@@ -93,6 +136,35 @@ mod tests {
             id("d", &[("a", "bc"), ("", "d")])
         );
         assert_ne!(id("d", &[("a", "{x}")]), id("d", &[("a", "{x")]));
+    }
+
+    #[test]
+    fn long_values_get_a_bounded_key_and_short_ones_stay_distinct() {
+        let long = id("d", &[("k", &"x".repeat(10_000))]);
+        let longer = id("d", &[("k", &"x".repeat(10_001))]);
+        let (a, b) = (long.storage_key("p:"), longer.storage_key("p:"));
+        assert_eq!(a.len(), "p:{h}".len() + 64);
+        assert_ne!(a, b);
+        let short = id("d", &[("k", "v")]).storage_key("p:");
+        assert!(short.starts_with("p:{") && short.ends_with('}'));
+        assert_eq!(
+            short.matches('{').count(),
+            1,
+            "values can never add a hash tag"
+        );
+        let braces = id("d", &[("k", "}{x}{")]).storage_key("");
+        assert_eq!(
+            (braces.matches('{').count(), braces.matches('}').count()),
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn lengths_of_any_size_stay_injective() {
+        // 127 and 128 bytes straddle the one-byte varint boundary.
+        let a = id("d", &[(&"k".repeat(127), "v")]);
+        let b = id("d", &[(&"k".repeat(128), "")]);
+        assert_ne!(a, b);
     }
 
     #[test]

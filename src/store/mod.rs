@@ -4,8 +4,10 @@
 //! never offers get-then-set primitives, so no caller can race itself.
 
 mod memory;
+mod redis;
 
 pub use memory::{MemoryStore, MemoryStoreConfig};
+pub use redis::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource};
 
 use std::future::Future;
 use std::time::Duration;
@@ -54,7 +56,7 @@ pub struct BatchOutcome {
 }
 
 /// A store failure. Over limit is never an error; it is an outcome.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or refused the call.
     #[error("counter store unavailable: {0}")]

@@ -1,0 +1,587 @@
+//! The Redis store: one `EVALSHA` of `redis/decide.lua` per request (per
+//! slot group on Redis Cluster), through `fred`. The only module that sees
+//! fred.
+//!
+//! Single Redis (or every key of the request in one slot): the script checks
+//! and counts the whole request atomically. Redis Cluster with keys in
+//! several slots: one call per slot group, in parallel, each counting its part
+//! only if none of its enforcing limits is over; when the request as a whole
+//! is rejected, the parts already counted are refunded (`redis/refund.lua`).
+//! Between a part's count and its refund, a concurrent request may see those
+//! hits and be rejected; it can never be admitted beyond the limit.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::{
+    Builder, ClientLike, Config, ReconnectPolicy, Server, ServerConfig, TlsConnector,
+};
+use fred::types::Value;
+use fred::types::config::ClusterDiscoveryPolicy;
+use fred::types::scripts::Script;
+use futures_util::future::join_all;
+use serde::{Deserialize, Serialize};
+
+use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError};
+use crate::limiter::{Algorithm, Clock, Role, admits};
+
+const DECIDE: &str = include_str!("redis/decide.lua");
+const REFUND: &str = include_str!("redis/refund.lua");
+
+/// Where the scripts take `now` from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeSource {
+    /// Redis `TIME`: one clock for every replica.
+    #[default]
+    Redis,
+    /// The service's clock, passed to the script.
+    Local,
+}
+
+/// A Redis URL whose password never appears in `Debug` or `Display`.
+#[derive(Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// Wraps a URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+
+    /// The URL with its password (for connecting only).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.split_once("://") {
+            Some((scheme, rest)) => match rest.rsplit_once('@') {
+                Some((auth, host)) => {
+                    let user = auth.split_once(':').map_or("", |(u, _)| u);
+                    write!(f, "{scheme}://{user}:***@{host}")
+                }
+                None => f.write_str(&self.0),
+            },
+            None => f.write_str(&self.0),
+        }
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{self}\"")
+    }
+}
+
+/// Settings of the Redis store.
+#[derive(Clone, Debug)]
+pub struct RedisStoreConfig {
+    /// `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS),
+    /// `redis-cluster://host:port[,host:port…]` (`rediss-cluster://` for TLS),
+    /// `redis-sentinel://host:port[,host:port…]/service`.
+    pub url: RedisUrl,
+    /// Connections (fred clients), used round-robin; each pipelines.
+    pub pool_size: usize,
+    /// Longest wait for one decision; past it the request fails UNAVAILABLE.
+    pub timeout: Duration,
+    /// Prepended to every key, so several services can share one Redis.
+    pub key_prefix: String,
+    /// Where `now` comes from.
+    pub time: TimeSource,
+}
+
+/// The Redis counter store.
+pub struct RedisStore {
+    pool: fred::clients::Pool,
+    decide: Script,
+    refund: Script,
+    prefix: String,
+    /// `Some` in local time mode: the clock whose `now` is sent to the script.
+    clock: Option<Arc<dyn Clock>>,
+    timeout: Duration,
+    cluster: bool,
+}
+
+/// Parses one of the accepted URL forms into a fred config.
+fn parse_url(url: &RedisUrl) -> Result<Config, String> {
+    let text = url.expose();
+    let (scheme, rest) = text.split_once("://").ok_or("missing '://'")?;
+    let (auth, rest) = match rest.rsplit_once('@') {
+        Some((auth, rest)) => (Some(auth), rest),
+        None => (None, rest),
+    };
+    let (username, password) = match auth {
+        None => (None, None),
+        Some(auth) => match auth.split_once(':') {
+            Some((user, pass)) => (
+                Some(percent_decode(user)?).filter(|u| !u.is_empty()),
+                Some(percent_decode(pass)?),
+            ),
+            None => (None, Some(percent_decode(auth)?)),
+        },
+    };
+    let (hosts, path) = match rest.split_once('/') {
+        Some((hosts, path)) => (hosts, Some(path).filter(|p| !p.is_empty())),
+        None => (rest, None),
+    };
+    let servers = hosts
+        .split(',')
+        .map(|h| {
+            let (host, port) = h.rsplit_once(':').map_or((h, "6379"), |(h, p)| (h, p));
+            let port: u16 = port.parse().map_err(|_| format!("invalid port in '{h}'"))?;
+            if host.is_empty() {
+                return Err(format!("missing host in '{h}'"));
+            }
+            Ok(Server::new(
+                host.trim_start_matches('[').trim_end_matches(']'),
+                port,
+            ))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut config = Config {
+        username,
+        password,
+        ..Config::default()
+    };
+    let single = || match servers.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Err(format!(
+            "{scheme}:// takes one host; use redis-cluster:// or redis-sentinel:// for several"
+        )),
+    };
+    config.server = match scheme {
+        "redis" | "rediss" => {
+            if let Some(db) = path {
+                config.database = Some(db.parse().map_err(|_| format!("invalid database '{db}'"))?);
+            }
+            ServerConfig::Centralized { server: single()? }
+        }
+        "redis-cluster" | "rediss-cluster" => {
+            if path.is_some() {
+                return Err("redis-cluster:// takes no database".into());
+            }
+            ServerConfig::Clustered {
+                hosts: servers,
+                policy: ClusterDiscoveryPolicy::default(),
+            }
+        }
+        "redis-sentinel" | "rediss-sentinel" => {
+            let service_name = path.ok_or(
+                "redis-sentinel:// needs the service name: redis-sentinel://host:port/service",
+            )?;
+            ServerConfig::Sentinel {
+                hosts: servers,
+                service_name: service_name.to_owned(),
+                username: config.username.clone(),
+                password: config.password.clone(),
+            }
+        }
+        other => {
+            return Err(format!(
+                "unsupported scheme '{other}' (use redis, rediss, redis-cluster or redis-sentinel)"
+            ));
+        }
+    };
+    if scheme.starts_with("rediss") {
+        let connector = TlsConnector::default_rustls().map_err(|e| format!("TLS set-up: {e}"))?;
+        config.tls = Some(connector.into());
+    }
+    Ok(config)
+}
+
+fn percent_decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text
+                .get(i + 1..i + 3)
+                .ok_or("truncated %-escape in the URL")?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| "invalid %-escape in the URL")?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "the URL's credentials are not UTF-8".into())
+}
+
+fn unavailable(e: impl fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+impl RedisStore {
+    /// Connects (waiting at most `connect_timeout` for the first connection;
+    /// if Redis is not there yet, requests fail UNAVAILABLE until it is) and
+    /// loads the scripts. `clock` is used in local time mode.
+    pub async fn connect(
+        config: &RedisStoreConfig,
+        clock: Arc<dyn Clock>,
+        connect_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let mut fred_config = parse_url(&config.url).map_err(|e| {
+            StoreError::Unavailable(format!("invalid Redis URL {}: {e}", config.url))
+        })?;
+        // Fail at once while disconnected instead of queueing: our own timeout
+        // then answers UNAVAILABLE promptly.
+        fred_config.fail_fast = true;
+        let cluster = matches!(fred_config.server, ServerConfig::Clustered { .. });
+        let pool = Builder::from_config(fred_config)
+            .with_connection_config(|c| {
+                c.connection_timeout = connect_timeout.max(Duration::from_millis(100));
+                // Never resend a script: it may already have counted.
+                c.max_command_attempts = 1;
+            })
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            .build_pool(config.pool_size.max(1))
+            .map_err(unavailable)?;
+        pool.connect();
+        let store = Self {
+            pool,
+            decide: Script::from_lua(DECIDE),
+            refund: Script::from_lua(REFUND),
+            prefix: config.key_prefix.clone(),
+            clock: (config.time == TimeSource::Local).then_some(clock),
+            timeout: config.timeout,
+            cluster,
+        };
+        match tokio::time::timeout(connect_timeout, store.pool.wait_for_connect()).await {
+            Ok(Ok(())) => {
+                store
+                    .decide
+                    .load(store.pool.next())
+                    .await
+                    .map_err(unavailable)?;
+                store
+                    .refund
+                    .load(store.pool.next())
+                    .await
+                    .map_err(unavailable)?;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, url = %config.url, "Redis not reachable yet; requests fail UNAVAILABLE until it is")
+            }
+            Err(_) => {
+                tracing::warn!(url = %config.url, "Redis not reachable yet; requests fail UNAVAILABLE until it is")
+            }
+        }
+        Ok(store)
+    }
+
+    /// The pool, for callers that need raw commands (tests, the cost harness).
+    pub fn pool(&self) -> &fred::clients::Pool {
+        &self.pool
+    }
+
+    /// Closes every connection.
+    pub async fn quit(&self) {
+        let _ = self.pool.quit().await;
+    }
+
+    async fn call(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let call = script.evalsha_with_reload::<Vec<i64>, _, _>(self.pool.next(), keys, args);
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result.map_err(unavailable),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+
+    /// Runs decide.lua for `items` (indices into `batch.items`).
+    async fn decide_part(
+        &self,
+        batch: &Batch,
+        items: &[usize],
+        keys: &[String],
+        whole: bool,
+        now: &Value,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut args = vec![now.clone(), Value::from(if whole { "all" } else { "part" })];
+        for &i in items {
+            let item = &batch.items[i];
+            let role = match item.role {
+                Role::Enforce => 0,
+                Role::Shadow => 1,
+                Role::Quota => 2,
+            };
+            args.extend([
+                Value::from(role),
+                hits(item.hits),
+                Value::from(item.limits.len() as i64),
+            ]);
+            for limit in &item.limits {
+                let (algorithm, precision) = algorithm_args(limit.window.algorithm);
+                args.extend([
+                    Value::from(i64::try_from(limit.requests).unwrap_or(i64::MAX)),
+                    Value::from(i64::try_from(limit.window.duration_ms).unwrap_or(i64::MAX)),
+                    Value::from(algorithm),
+                    Value::from(precision),
+                ]);
+            }
+        }
+        let reply = self
+            .call(
+                &self.decide,
+                items.iter().map(|&i| keys[i].clone()).collect(),
+                args,
+            )
+            .await?;
+        let expected = 2 + 4 * items
+            .iter()
+            .map(|&i| batch.items[i].limits.len())
+            .sum::<usize>();
+        if reply.len() != expected {
+            return Err(StoreError::Unavailable(format!(
+                "unexpected script reply of {} values",
+                reply.len()
+            )));
+        }
+        Ok(reply)
+    }
+}
+
+fn hits(hits: u64) -> Value {
+    Value::from(i64::try_from(hits).unwrap_or(i64::MAX))
+}
+
+fn algorithm_args(algorithm: Algorithm) -> (i64, i64) {
+    match algorithm {
+        Algorithm::SlidingWindow { precision_ms } => {
+            (0, i64::try_from(precision_ms).unwrap_or(i64::MAX))
+        }
+        Algorithm::FixedWindow => (1, 0),
+    }
+}
+
+impl CounterStore for RedisStore {
+    async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
+        let keys: Vec<String> = batch
+            .items
+            .iter()
+            .map(|i| i.identity.storage_key(&self.prefix))
+            .collect();
+        let now = match &self.clock {
+            Some(clock) => Value::from(i64::try_from(clock.now()).unwrap_or(i64::MAX)),
+            None => Value::from(""),
+        };
+        // Group items by cluster slot; one group when not on a cluster.
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let slot = if self.cluster {
+                fred::util::redis_keyslot(key.as_bytes())
+            } else {
+                0
+            };
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        if groups.len() <= 1 {
+            let all: Vec<usize> = (0..batch.items.len()).collect();
+            let reply = self.decide_part(batch, &all, &keys, true, &now).await?;
+            return Ok(BatchOutcome {
+                admitted: reply[0] == 1,
+                limits: outcomes(&reply),
+            });
+        }
+
+        let replies = join_all(
+            groups
+                .iter()
+                .map(|(_, items)| self.decide_part(batch, items, &keys, false, &now)),
+        )
+        .await;
+        // Each item's limit outcomes and the slots its hits went to, and
+        // whether its group counted it.
+        let mut per_item: Vec<Option<ItemPart>> = vec![None; batch.items.len()];
+        let mut error = None;
+        for ((_, items), reply) in groups.iter().zip(&replies) {
+            match reply {
+                Ok(reply) => {
+                    let mut values = reply[2..].chunks(4);
+                    for &i in items {
+                        let limits = batch.items[i]
+                            .limits
+                            .iter()
+                            .filter_map(|_| values.next().map(|v| (limit_outcome(v), v[3])))
+                            .collect();
+                        per_item[i] = Some((limits, reply[0] == 1));
+                    }
+                }
+                Err(e) => error = Some(e.clone()),
+            }
+        }
+        let admitted = error.is_none()
+            && admits(batch.items.iter().zip(&per_item).map(|(item, outcome)| {
+                let over = outcome
+                    .as_ref()
+                    .is_some_and(|(limits, _)| limits.iter().any(|(o, _)| o.over));
+                (item.role, over)
+            }));
+        if !admitted {
+            self.refund(batch, &keys, &per_item).await;
+        }
+        if let Some(e) = error {
+            return Err(e);
+        }
+        let limits = batch
+            .items
+            .iter()
+            .zip(per_item)
+            .flat_map(|(item, outcome)| {
+                let (limits, counted) = outcome.expect("every group answered");
+                limits.into_iter().map(move |(o, _)| {
+                    // A refunded part reports what it saw before counting.
+                    let refunded = counted && !admitted;
+                    LimitOutcome {
+                        used: if refunded {
+                            o.used.saturating_sub(item.hits)
+                        } else {
+                            o.used
+                        },
+                        ..o
+                    }
+                })
+            })
+            .collect();
+        Ok(BatchOutcome { admitted, limits })
+    }
+}
+
+impl RedisStore {
+    /// Takes back the hits of every item whose group counted it.
+    async fn refund(&self, batch: &Batch, keys: &[String], per_item: &[Option<ItemPart>]) {
+        let mut refund_keys = Vec::new();
+        let mut args = Vec::new();
+        for (i, outcome) in per_item.iter().enumerate() {
+            let Some((limits, true)) = outcome else {
+                continue;
+            };
+            let item = &batch.items[i];
+            refund_keys.push(keys[i].clone());
+            args.push(Value::from(limits.len() as i64));
+            for (limit, (_, slot)) in item.limits.iter().zip(limits) {
+                let (algorithm, precision) = algorithm_args(limit.window.algorithm);
+                args.extend([
+                    Value::from(i64::try_from(limit.window.duration_ms).unwrap_or(i64::MAX)),
+                    Value::from(algorithm),
+                    Value::from(precision),
+                    Value::from(*slot),
+                    hits(item.hits),
+                ]);
+            }
+        }
+        // One call per slot: a script may only touch keys of one slot.
+        let mut by_slot: Vec<(u16, Vec<String>, Vec<Value>)> = Vec::new();
+        let mut offset = 0;
+        for key in refund_keys {
+            let count = match &args[offset] {
+                Value::Integer(n) => usize::try_from(*n).unwrap_or(0),
+                _ => 0,
+            };
+            let item_args = args[offset..offset + 1 + 5 * count].to_vec();
+            offset += 1 + 5 * count;
+            let slot = fred::util::redis_keyslot(key.as_bytes());
+            match by_slot.iter_mut().find(|(s, _, _)| *s == slot) {
+                Some((_, k, a)) => {
+                    k.push(key);
+                    a.extend(item_args);
+                }
+                None => by_slot.push((slot, vec![key], item_args)),
+            }
+        }
+        let calls = by_slot
+            .into_iter()
+            .map(|(_, keys, args)| self.call(&self.refund, keys, args));
+        for result in join_all(calls).await {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "could not refund the counted part of a rejected request; it stays counted until its window passes");
+            }
+        }
+    }
+}
+
+/// One item's answer from its slot group: each limit's outcome with the
+/// bucket or window its hits went to, and whether the group counted it.
+type ItemPart = (Vec<(LimitOutcome, i64)>, bool);
+
+fn limit_outcome(v: &[i64]) -> LimitOutcome {
+    LimitOutcome {
+        used: u64::try_from(v[0]).unwrap_or(0),
+        over: v[1] == 1,
+        reset_ms: u64::try_from(v[2]).unwrap_or(0),
+    }
+}
+
+fn outcomes(reply: &[i64]) -> Vec<LimitOutcome> {
+    reply[2..].chunks(4).map(limit_outcome).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show_in_debug_or_display() {
+        let url = RedisUrl::new("redis://alice:s3cret@redis:6379/0");
+        assert_eq!(url.to_string(), "redis://alice:***@redis:6379/0");
+        assert!(!format!("{url:?}").contains("s3cret"));
+        assert_eq!(
+            RedisUrl::new("redis://redis:6379").to_string(),
+            "redis://redis:6379"
+        );
+    }
+
+    #[test]
+    fn url_forms_map_to_fred_configs() {
+        let c = parse_url(&RedisUrl::new("redis://alice:p%40ss@127.0.0.1:7000/2")).unwrap();
+        assert_eq!(
+            (c.username.as_deref(), c.password.as_deref(), c.database),
+            (Some("alice"), Some("p@ss"), Some(2))
+        );
+        assert!(matches!(c.server, ServerConfig::Centralized { .. }));
+        let c = parse_url(&RedisUrl::new(
+            "redis-cluster://127.0.0.1:7000,127.0.0.1:7001",
+        ))
+        .unwrap();
+        assert!(matches!(c.server, ServerConfig::Clustered { ref hosts, .. } if hosts.len() == 2));
+        let c = parse_url(&RedisUrl::new(
+            "redis-sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster",
+        ))
+        .unwrap();
+        assert!(
+            matches!(c.server, ServerConfig::Sentinel { ref service_name, .. } if service_name == "mymaster")
+        );
+        assert!(
+            parse_url(&RedisUrl::new("rediss://redis:6380"))
+                .unwrap()
+                .tls
+                .is_some()
+        );
+        for bad in [
+            "redis:/x",
+            "http://h:1",
+            "redis://h:notaport",
+            "redis://a:1,b:2",
+            "redis-sentinel://h:1",
+            "redis://h:1/db",
+        ] {
+            assert!(
+                parse_url(&RedisUrl::new(bad)).is_err(),
+                "{bad} should be rejected"
+            );
+        }
+    }
+}

@@ -1,0 +1,553 @@
+//! One store conformance suite, run against the memory store, a single real
+//! Redis and a real 3-master Redis Cluster with identical expected results.
+//! This is what keeps `decide.lua` and the Rust algorithms the same. Redis
+//! runs in local time mode with the test's manual clock, so nothing sleeps.
+//! Every test uses its own key prefix, so tests share the servers safely.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sluice::limiter::{Algorithm, Clock, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
+use sluice::store::{
+    Batch, BatchItem, BatchOutcome, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore,
+    RedisStoreConfig, RedisUrl, TimeSource,
+};
+use support::redis::{RedisCluster, RedisServer};
+
+/// Aligned to an hour, so windows and buckets start at known instants.
+const T0: u64 = 1_699_999_200_000;
+
+fn single() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
+
+fn unique_prefix() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "conformance:{}:{}:",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub async fn redis_store(url: String, clock: Arc<ManualClock>) -> RedisStore {
+    let config = RedisStoreConfig {
+        url: RedisUrl::new(url),
+        pool_size: 2,
+        // Generous: this suite checks results, not latency, on a busy CI box.
+        timeout: Duration::from_secs(5),
+        key_prefix: unique_prefix(),
+        time: TimeSource::Local,
+    };
+    RedisStore::connect(&config, clock, Duration::from_secs(10))
+        .await
+        .expect("connect to the test Redis")
+}
+
+pub fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::SlidingWindow { precision_ms },
+        },
+    }
+}
+
+pub fn fixed(requests: u64, duration_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::FixedWindow,
+        },
+    }
+}
+
+pub fn item(name: &str, limits: &[LimitSpec], hits: u64, role: Role) -> BatchItem {
+    let mut identity = IdentityBuilder::new("conformance");
+    identity.value("id", name);
+    BatchItem {
+        identity: identity.build(),
+        limits: limits.to_vec(),
+        hits,
+        role,
+    }
+}
+
+pub async fn apply<S: CounterStore>(store: &S, items: Vec<BatchItem>) -> BatchOutcome {
+    store
+        .apply(&Batch { items })
+        .await
+        .expect("the store answers")
+}
+
+/// `(used, over, reset_ms)` of every limit, for compact assertions.
+fn summary(outcome: &BatchOutcome) -> Vec<(u64, bool, u64)> {
+    outcome
+        .limits
+        .iter()
+        .map(|l| (l.used, l.over, l.reset_ms))
+        .collect()
+}
+
+/// Weighted hits counted now, read with a check-only batch.
+async fn used<S: CounterStore>(store: &S, name: &str, limit: LimitSpec) -> u64 {
+    apply(store, vec![item(name, &[limit], 0, Role::Enforce)])
+        .await
+        .limits[0]
+        .used
+}
+
+mod cases {
+    use super::*;
+    use Role::{Enforce, Quota, Shadow};
+
+    pub async fn exactly_the_limit_then_rejection<S: CounterStore>(s: &S, _: &ManualClock) {
+        let l = sliding(3, 1_000, 100);
+        for n in 1..=3 {
+            let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+            assert!(o.admitted);
+            assert_eq!((o.limits[0].used, o.limits[0].over), (n, false));
+        }
+        let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+        assert!(!o.admitted);
+        assert_eq!((o.limits[0].used, o.limits[0].over), (3, true));
+    }
+
+    pub async fn the_straddling_bucket_is_interpolated_and_rounded_up<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = sliding(100, 10_000, 1_000);
+        apply(s, vec![item("a", &[l], 10, Enforce)]).await;
+        c.set(T0 + 10_250);
+        assert_eq!(used(s, "a", l).await, 8);
+        c.set(T0 + 10_999);
+        assert_eq!(used(s, "a", l).await, 1);
+        c.set(T0 + 11_000);
+        assert_eq!(used(s, "a", l).await, 0);
+    }
+
+    pub async fn reset_is_the_expiry_of_the_oldest_counted_bucket<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = sliding(5, 60_000, 6_000);
+        c.set(T0 + 7_000);
+        let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+        assert_eq!(o.limits[0].reset_ms, 12_000 + 60_000 - 7_000);
+        c.set(T0 + 20_000);
+        let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+        assert_eq!(
+            o.limits[0].reset_ms,
+            12_000 + 60_000 - 20_000,
+            "still the first bucket"
+        );
+        // An empty counter reports when a hit made now would leave.
+        let o = apply(s, vec![item("fresh", &[l], 0, Enforce)]).await;
+        assert_eq!(o.limits[0].reset_ms, 24_000 + 60_000 - 20_000);
+    }
+
+    pub async fn fixed_window_counts_per_epoch_aligned_window<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = fixed(2, 60_000);
+        c.set(T0 + 59_000);
+        assert_eq!(
+            summary(&apply(s, vec![item("a", &[l], 1, Enforce)]).await),
+            [(1, false, 1_000)]
+        );
+        assert_eq!(
+            summary(&apply(s, vec![item("a", &[l], 1, Enforce)]).await),
+            [(2, false, 1_000)]
+        );
+        let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+        assert_eq!((o.admitted, summary(&o)), (false, vec![(2, true, 1_000)]));
+        c.set(T0 + 60_000);
+        assert_eq!(
+            summary(&apply(s, vec![item("a", &[l], 1, Enforce)]).await),
+            [(1, false, 60_000)]
+        );
+    }
+
+    pub async fn a_rejected_request_counts_nothing_anywhere<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let (wide, narrow) = (sliding(5, 60_000, 6_000), fixed(1, 60_000));
+        let both = || {
+            vec![
+                item("a", &[wide], 1, Enforce),
+                item("b", &[narrow], 1, Enforce),
+            ]
+        };
+        assert!(apply(s, both()).await.admitted);
+        let o = apply(s, both()).await;
+        assert!(!o.admitted);
+        assert_eq!(
+            (o.limits[0].used, o.limits[0].over),
+            (1, false),
+            "a passed, reports what it saw"
+        );
+        assert_eq!((o.limits[1].used, o.limits[1].over), (1, true));
+        assert_eq!(used(s, "a", wide).await, 1);
+        assert_eq!(used(s, "b", narrow).await, 1);
+    }
+
+    pub async fn a_counter_named_twice_in_one_request_counts_both<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = sliding(3, 1_000, 100);
+        let o = apply(
+            s,
+            vec![item("x", &[l], 2, Enforce), item("x", &[l], 2, Enforce)],
+        )
+        .await;
+        assert!(!o.admitted);
+        assert_eq!(
+            summary(&o).iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            [(0, false), (2, true)]
+        );
+        let o = apply(
+            s,
+            vec![item("x", &[l], 1, Enforce), item("x", &[l], 2, Enforce)],
+        )
+        .await;
+        assert!(o.admitted);
+        assert_eq!((o.limits[0].used, o.limits[1].used), (1, 3));
+        assert_eq!(used(s, "x", l).await, 3);
+    }
+
+    pub async fn shadow_never_rejects_and_quota_rejects_only_when_all_are_over<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let one = fixed(1, 60_000);
+        apply(
+            s,
+            vec![item("s", &[one], 1, Shadow), item("q1", &[one], 1, Quota)],
+        )
+        .await;
+        let o = apply(
+            s,
+            vec![item("s", &[one], 1, Shadow), item("e", &[one], 1, Enforce)],
+        )
+        .await;
+        assert!(o.admitted, "shadow over limit");
+        assert_eq!(used(s, "s", one).await, 2, "shadow keeps counting");
+        let o = apply(
+            s,
+            vec![item("q1", &[one], 1, Quota), item("q2", &[one], 1, Quota)],
+        )
+        .await;
+        assert!(o.admitted, "q2 still had room");
+        let o = apply(
+            s,
+            vec![item("q1", &[one], 1, Quota), item("q2", &[one], 1, Quota)],
+        )
+        .await;
+        assert!(!o.admitted, "every quota descriptor over");
+        assert_eq!((used(s, "q1", one).await, used(s, "q2", one).await), (2, 1));
+    }
+
+    pub async fn check_only_counts_nothing_and_passes_at_the_limit<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = sliding(2, 1_000, 100);
+        apply(s, vec![item("a", &[l], 2, Enforce)]).await;
+        for _ in 0..3 {
+            let o = apply(s, vec![item("a", &[l], 0, Enforce)]).await;
+            assert!(o.admitted);
+            assert_eq!(summary(&o)[0].0, 2);
+        }
+        assert!(!apply(s, vec![item("a", &[l], 1, Enforce)]).await.admitted);
+    }
+
+    pub async fn weights_count_whole_and_report_headroom<S: CounterStore>(s: &S, _: &ManualClock) {
+        let l = sliding(10, 60_000, 6_000);
+        assert_eq!(
+            apply(s, vec![item("w", &[l], 4, Enforce)]).await.limits[0].used,
+            4
+        );
+        assert_eq!(
+            apply(s, vec![item("w", &[l], 4, Enforce)]).await.limits[0].used,
+            8
+        );
+        let o = apply(s, vec![item("w", &[l], 4, Enforce)]).await;
+        assert_eq!((o.admitted, o.limits[0].used), (false, 8));
+        assert!(apply(s, vec![item("w", &[l], 2, Enforce)]).await.admitted);
+    }
+
+    pub async fn every_limit_of_an_item_is_checked_and_counted<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let (minute, gap) = (sliding(10, 60_000, 6_000), sliding(1, 2_000, 200));
+        let o = apply(s, vec![item("g", &[minute, gap], 1, Enforce)]).await;
+        assert_eq!(
+            (o.admitted, o.limits[0].used, o.limits[1].used),
+            (true, 1, 1)
+        );
+        c.set(T0 + 1_000);
+        let o = apply(s, vec![item("g", &[minute, gap], 1, Enforce)]).await;
+        assert!(!o.admitted);
+        assert_eq!(
+            summary(&o).iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            [(1, false), (1, true)]
+        );
+        c.set(T0 + 2_200);
+        assert!(
+            apply(s, vec![item("g", &[minute, gap], 1, Enforce)])
+                .await
+                .admitted
+        );
+        assert_eq!(used(s, "g", minute).await, 2);
+    }
+
+    pub async fn a_clock_stepping_back_adds_to_the_newest_bucket<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = sliding(5, 1_000, 100);
+        c.set(T0 + 500);
+        apply(s, vec![item("b", &[l], 1, Enforce)]).await;
+        c.set(T0 + 300);
+        apply(s, vec![item("b", &[l], 1, Enforce)]).await;
+        c.set(T0 + 500);
+        assert_eq!(used(s, "b", l).await, 2);
+        c.set(T0 + 1_550);
+        assert_eq!(
+            used(s, "b", l).await,
+            1,
+            "half of the newest bucket is left"
+        );
+        c.set(T0 + 1_600);
+        assert_eq!(used(s, "b", l).await, 0);
+    }
+
+    pub async fn a_long_idle_counter_is_forgotten<S: CounterStore>(s: &S, c: &ManualClock) {
+        let l = sliding(3, 1_000, 1);
+        for t in 0..3 {
+            c.set(T0 + t);
+            apply(s, vec![item("idle", &[l], 1, Enforce)]).await;
+        }
+        assert!(
+            !apply(s, vec![item("idle", &[l], 1, Enforce)])
+                .await
+                .admitted
+        );
+        c.set(T0 + 86_400_000);
+        let o = apply(s, vec![item("idle", &[l], 1, Enforce)]).await;
+        assert_eq!((o.admitted, o.limits[0].used), (true, 1));
+    }
+
+    pub async fn many_identities_one_of_them_full_counts_nothing<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        // Spread over cluster slots: the rejected request must be refunded
+        // everywhere it was counted.
+        let l = sliding(5, 60_000, 6_000);
+        let names: Vec<String> = (0..8).map(|i| format!("spread-{i}")).collect();
+        let batch = |full: &str| {
+            let mut items: Vec<BatchItem> =
+                names.iter().map(|n| item(n, &[l], 1, Enforce)).collect();
+            items.push(item(full, &[fixed(0, 60_000)], 1, Enforce));
+            items
+        };
+        let o = apply(s, batch("blocked")).await;
+        assert!(!o.admitted);
+        assert!(
+            o.limits[..8].iter().all(|x| x.used == 0 && !x.over),
+            "{:?}",
+            o.limits
+        );
+        for n in &names {
+            assert_eq!(used(s, n, l).await, 0, "{n} was refunded");
+        }
+        let items: Vec<BatchItem> = names.iter().map(|n| item(n, &[l], 1, Enforce)).collect();
+        let o = apply(s, items).await;
+        assert!(o.admitted);
+        assert!(o.limits.iter().all(|x| x.used == 1));
+    }
+
+    pub async fn quota_items_in_different_slots_are_refunded_together<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let one = fixed(1, 60_000);
+        let names: Vec<String> = (0..4).map(|i| format!("quota-{i}")).collect();
+        let all = || {
+            names
+                .iter()
+                .map(|n| item(n, &[one], 1, Quota))
+                .collect::<Vec<_>>()
+        };
+        assert!(apply(s, all()).await.admitted);
+        assert!(
+            !apply(s, all()).await.admitted,
+            "every quota descriptor over"
+        );
+        for n in &names {
+            assert_eq!(used(s, n, one).await, 1, "{n} counted once");
+        }
+    }
+}
+
+/// Stamps every case over the three stores.
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let clock = Arc::new(ManualClock::new(T0));
+                    let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+                    cases::$case(&store, &clock).await;
+                }
+            )*
+        }
+        mod redis {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let clock = Arc::new(ManualClock::new(T0));
+                    let store = redis_store(single().url(), clock.clone()).await;
+                    cases::$case(&store, &clock).await;
+                    store.quit().await;
+                }
+            )*
+        }
+        mod redis_cluster {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let clock = Arc::new(ManualClock::new(T0));
+                    let store = redis_store(cluster().url(), clock.clone()).await;
+                    cases::$case(&store, &clock).await;
+                    store.quit().await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    exactly_the_limit_then_rejection,
+    the_straddling_bucket_is_interpolated_and_rounded_up,
+    reset_is_the_expiry_of_the_oldest_counted_bucket,
+    fixed_window_counts_per_epoch_aligned_window,
+    a_rejected_request_counts_nothing_anywhere,
+    a_counter_named_twice_in_one_request_counts_both,
+    shadow_never_rejects_and_quota_rejects_only_when_all_are_over,
+    check_only_counts_nothing_and_passes_at_the_limit,
+    weights_count_whole_and_report_headroom,
+    every_limit_of_an_item_is_checked_and_counted,
+    a_clock_stepping_back_adds_to_the_newest_bucket,
+    a_long_idle_counter_is_forgotten,
+    many_identities_one_of_them_full_counts_nothing,
+    quota_items_in_different_slots_are_refunded_together,
+);
+
+/// Random request sequences give identical outcomes in memory and in Redis.
+mod equivalence {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    struct Step {
+        advance_ms: u64,
+        items: Vec<(usize, Vec<usize>, u64, Role)>,
+    }
+
+    fn limits() -> Vec<LimitSpec> {
+        vec![
+            sliding(7, 1_000, 100),
+            sliding(3, 600, 600),
+            fixed(5, 500),
+            sliding(20, 3_000, 250),
+        ]
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let role =
+            prop_oneof![6 => Just(Role::Enforce), 1 => Just(Role::Shadow), 1 => Just(Role::Quota)];
+        let one = (
+            0..4usize,
+            prop::collection::vec(0..4usize, 1..=2),
+            0..=4u64,
+            role,
+        );
+        (
+            prop_oneof![Just(0u64), 0..150u64, 0..1_500u64],
+            prop::collection::vec(one, 1..=3),
+        )
+            .prop_map(|(advance_ms, items)| Step { advance_ms, items })
+    }
+
+    fn batch(step: &Step) -> Batch {
+        let specs = limits();
+        Batch {
+            items: step
+                .items
+                .iter()
+                .map(|(who, which, hits, role)| {
+                    let chosen: Vec<LimitSpec> = which.iter().map(|&i| specs[i]).collect();
+                    item(&format!("p{who}"), &chosen, *hits, *role)
+                })
+                .collect(),
+        }
+    }
+
+    fn run(url: fn() -> String, steps: Vec<Step>) -> Result<(), TestCaseError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let clock = Arc::new(ManualClock::new(T0 + 37));
+            let memory = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+            let redis = redis_store(url(), clock.clone()).await;
+            for (i, step) in steps.iter().enumerate() {
+                clock.advance(step.advance_ms);
+                let batch = batch(step);
+                let expected = memory.apply(&batch).await.unwrap();
+                let actual = redis.apply(&batch).await.unwrap();
+                prop_assert_eq!(&actual, &expected, "step {} at t0+{}", i, clock.now() - T0);
+            }
+            redis.quit().await;
+            Ok(())
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn memory_and_redis_decide_identically(steps in prop::collection::vec(step(), 1..40)) {
+            run(|| single().url(), steps)?;
+        }
+
+        #[test]
+        fn memory_and_redis_cluster_decide_identically(steps in prop::collection::vec(step(), 1..40)) {
+            run(|| cluster().url(), steps)?;
+        }
+    }
+}

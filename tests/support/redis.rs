@@ -1,0 +1,860 @@
+//! Real `redis-server` processes for integration tests: a single node
+//! ([`RedisServer`]) and a three-master Redis Cluster ([`RedisCluster`]),
+//! each on free loopback ports and in its own temporary directory.
+//!
+//! Nothing here talks to a shared Redis (such as one on 127.0.0.1:6379):
+//! every test starts the servers it uses, so tests need no serialisation and
+//! never flush anything they did not create.
+//!
+//! A missing `redis-server` is a test failure with install instructions, not
+//! a skip.
+//!
+//! # Process lifetime
+//!
+//! Each server runs under a small `sh` wrapper whose stdin is a pipe held by
+//! this process. A watcher in the wrapper blocks reading that pipe; when the
+//! test process ends for any reason (normal exit with the server still in a
+//! `static`, panic, abort, SIGKILL) the pipe closes, the watcher SIGKILLs the
+//! server and removes its directory. [`RedisServer::stop`] and `Drop` write a
+//! line to the pipe instead, which kills the server but keeps the directory
+//! (so [`RedisServer::restart`] finds its files, e.g. `nodes.conf`). The
+//! wrapper exits only once the server has exited, so waiting for the wrapper
+//! means the ports are closed.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to answer its first PING.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new cluster may take to reach `cluster_state:ok` everywhere.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(20);
+/// Fresh ports tried when a port turns out to be taken by someone else.
+const PORT_ATTEMPTS: usize = 20;
+/// Number of hash slots in Redis Cluster.
+pub const CLUSTER_SLOTS: u16 = 16384;
+const LOCALHOST: Ipv4Addr = Ipv4Addr::LOCALHOST;
+
+/// The wrapper: `sh -c WRAPPER sh BIN DIR ARGS...`.
+///
+/// Prints the server's pid, then waits for it; the watcher subshell kills it
+/// when stdin yields a line (keep `DIR`) or end of file (also remove `DIR`).
+const WRAPPER: &str = r#"
+bin=$1; dir=$2; shift 2
+exec 3<&0 </dev/null
+"$bin" "$@" >>"$dir/redis.log" 2>&1 3<&- &
+pid=$!
+echo "$pid"
+(
+  trap '' HUP INT QUIT
+  if read -r line <&3; then keep=1; else keep=; fi
+  trap '' TERM
+  kill -9 "$pid" 2>/dev/null
+  if [ -z "$keep" ]; then rm -rf "$dir"; fi
+) >/dev/null 2>&1 &
+watcher=$!
+exec 3<&-
+wait "$pid"
+status=$?
+kill "$watcher" 2>/dev/null
+exit "$status"
+"#;
+
+// ---------------------------------------------------------------------------
+// Binaries
+// ---------------------------------------------------------------------------
+
+/// The `redis-server` binary on `PATH`; panics with install instructions if
+/// there is none.
+pub fn redis_server_binary() -> PathBuf {
+    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| find_on_path("redis-server"))
+        .clone()
+        .unwrap_or_else(|| {
+            panic!(
+                "redis-server not found on PATH. The Redis tests start their own redis-server \
+                 processes; install it with `sudo apt-get install redis-server` (Debian/Ubuntu) \
+                 or `brew install redis` (macOS)."
+            )
+        })
+}
+
+/// The `redis-cli` binary on `PATH`; panics with install instructions if
+/// there is none.
+pub fn redis_cli_binary() -> PathBuf {
+    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| find_on_path("redis-cli"))
+        .clone()
+        .unwrap_or_else(|| {
+            panic!(
+                "redis-cli not found on PATH. The Redis tests use it to create clusters; install \
+                 it with `sudo apt-get install redis-server` (Debian/Ubuntu; it includes \
+                 redis-cli) or `brew install redis` (macOS)."
+            )
+        })
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+// ---------------------------------------------------------------------------
+// Ports
+// ---------------------------------------------------------------------------
+
+/// Ports this process has handed out, so concurrent tests never get the same
+/// one (ports of stopped servers stay reserved for their restart).
+fn handed_out() -> &'static Mutex<HashSet<u16>> {
+    static PORTS: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    PORTS.get_or_init(Default::default)
+}
+
+fn bindable(port: u16) -> bool {
+    TcpListener::bind((LOCALHOST, port)).is_ok()
+}
+
+/// A free loopback port (never 6379), as chosen by the OS.
+pub fn free_port() -> u16 {
+    pick_port(false)
+}
+
+/// A free loopback port whose cluster bus port (`port + 10000`) is free too.
+pub fn free_cluster_port() -> u16 {
+    pick_port(true)
+}
+
+fn pick_port(with_bus: bool) -> u16 {
+    for _ in 0..1000 {
+        let port = TcpListener::bind((LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .expect("bind 127.0.0.1:0")
+            .port();
+        let bus = port.checked_add(10000);
+        if port == 6379 || (with_bus && !bus.is_some_and(bindable)) {
+            continue;
+        }
+        // Reserve the bus port too, so no other server of ours is put there.
+        let mut taken = handed_out().lock().unwrap();
+        let clash = |p: Option<u16>| p.is_some_and(|p| taken.contains(&p));
+        if clash(Some(port)) || clash(bus) {
+            continue;
+        }
+        taken.insert(port);
+        if with_bus {
+            taken.extend(bus);
+        }
+        return port;
+    }
+    panic!("no free loopback port found after 1000 attempts");
+}
+
+// ---------------------------------------------------------------------------
+// RESP client
+// ---------------------------------------------------------------------------
+
+/// A RESP2 reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Vec<u8>),
+    Nil,
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    pub fn is_error(&self) -> bool {
+        matches!(self, Reply::Error(_))
+    }
+
+    /// The elements of an array reply (empty for anything else).
+    pub fn items(&self) -> &[Reply] {
+        match self {
+            Reply::Array(items) => items,
+            _ => &[],
+        }
+    }
+}
+
+/// Text as a test would compare it: strings as they are, errors as
+/// `(error) MESSAGE`, nil as `(nil)`, arrays one element per line.
+impl fmt::Display for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reply::Simple(s) => f.write_str(s),
+            Reply::Error(e) => write!(f, "(error) {e}"),
+            Reply::Integer(i) => write!(f, "{i}"),
+            Reply::Bulk(b) => f.write_str(&String::from_utf8_lossy(b)),
+            Reply::Nil => f.write_str("(nil)"),
+            Reply::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("\n")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A plain RESP2 connection to one server.
+pub struct Conn {
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    /// Connects to `127.0.0.1:port` (connect timeout 2 s, no I/O timeout).
+    pub fn connect(port: u16) -> io::Result<Conn> {
+        let addr = SocketAddr::from((LOCALHOST, port));
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            reader: BufReader::new(stream),
+        })
+    }
+
+    /// Read and write timeout for later calls (`None` blocks forever).
+    pub fn set_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        let stream = self.reader.get_ref();
+        stream.set_read_timeout(timeout)?;
+        stream.set_write_timeout(timeout)
+    }
+
+    /// Sends one command and reads its reply.
+    pub fn call(&mut self, args: &[&str]) -> io::Result<Reply> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            out.extend_from_slice(arg.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        self.reader.get_mut().write_all(&out)?;
+        read_reply(&mut self.reader)
+    }
+}
+
+fn protocol_error(what: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.into())
+}
+
+fn read_line(reader: &mut impl BufRead) -> io::Result<String> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed by server",
+        ));
+    }
+    match line.strip_suffix("\r\n") {
+        Some(text) => Ok(text.to_owned()),
+        None => Err(protocol_error(format!("unterminated line {line:?}"))),
+    }
+}
+
+fn read_reply(reader: &mut impl BufRead) -> io::Result<Reply> {
+    let line = read_line(reader)?;
+    let (kind, rest) = line.split_at(line.len().min(1));
+    let number = || {
+        rest.parse::<i64>()
+            .map_err(|_| protocol_error(format!("bad number in {line:?}")))
+    };
+    Ok(match kind {
+        "+" => Reply::Simple(rest.to_owned()),
+        "-" => Reply::Error(rest.to_owned()),
+        ":" => Reply::Integer(number()?),
+        "$" => match usize::try_from(number()?) {
+            Err(_) => Reply::Nil,
+            Ok(len) => {
+                let mut data = vec![0; len + 2];
+                reader.read_exact(&mut data)?;
+                data.truncate(len);
+                Reply::Bulk(data)
+            }
+        },
+        "*" => match usize::try_from(number()?) {
+            Err(_) => Reply::Nil,
+            Ok(len) => Reply::Array(
+                (0..len)
+                    .map(|_| read_reply(reader))
+                    .collect::<io::Result<_>>()?,
+            ),
+        },
+        _ => return Err(protocol_error(format!("unexpected reply line {line:?}"))),
+    })
+}
+
+/// Runs one command on a fresh connection to `127.0.0.1:port` (10 s timeout);
+/// panics if the server cannot be reached.
+pub fn query(port: u16, args: &[&str]) -> Reply {
+    let attempt = || {
+        let mut conn = Conn::connect(port)?;
+        conn.set_timeout(Some(Duration::from_secs(10)))?;
+        conn.call(args)
+    };
+    attempt().unwrap_or_else(|e| panic!("redis command {args:?} on port {port} failed: {e}"))
+}
+
+/// [`query`] rendered as text (see [`Reply`]'s `Display`), e.g. for
+/// `INFO commandstats`, `MEMORY USAGE key` or `KEYS *`.
+pub fn command(port: u16, args: &[&str]) -> String {
+    query(port, args).to_string()
+}
+
+/// Whether `127.0.0.1:port` answers PING within `timeout` (a server that
+/// demands authentication counts as answering).
+pub fn ping(port: u16, timeout: Duration) -> bool {
+    let answer = || -> io::Result<bool> {
+        let mut conn = Conn::connect(port)?;
+        conn.set_timeout(Some(timeout))?;
+        Ok(match conn.call(&["PING"])? {
+            Reply::Simple(s) => s == "PONG",
+            Reply::Error(e) => e.starts_with("NOAUTH"),
+            _ => false,
+        })
+    };
+    answer().unwrap_or(false)
+}
+
+/// Whether anything accepts TCP connections on `127.0.0.1:port`.
+pub fn accepts_connections(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &SocketAddr::from((LOCALHOST, port)),
+        Duration::from_millis(500),
+    )
+    .is_ok()
+}
+
+/// Runs `redis-cli -h 127.0.0.1 -p PORT ARGS...` and returns its stdout;
+/// panics if it cannot run or exits unsuccessfully.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let port = port.to_string();
+    let mut full = vec!["-h", "127.0.0.1", "-p", port.as_str()];
+    full.extend_from_slice(args);
+    run_redis_cli(&full)
+}
+
+fn run_redis_cli(args: &[&str]) -> String {
+    let output = Command::new(redis_cli_binary())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run redis-cli {args:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        panic!(
+            "redis-cli {args:?} failed ({}):\n{stdout}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    stdout
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
+    assert!(status.success(), "kill -{signal} {pid} failed: {status}");
+}
+
+/// Percent-encodes a URL userinfo component.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// A single server
+// ---------------------------------------------------------------------------
+
+/// The wrapper and server of one run.
+struct Running {
+    wrapper: Child,
+    /// Closing this kills the server (see the module docs).
+    stdin: Option<ChildStdin>,
+    pid: u32,
+}
+
+impl Running {
+    /// Kills the server and waits until it has exited; keeps the directory.
+    fn kill(mut self) -> ExitStatus {
+        if let Some(mut stdin) = self.stdin.take() {
+            // Fails only if the wrapper is already gone, which is fine.
+            let _ = stdin.write_all(b"keep\n").and_then(|()| stdin.flush());
+        }
+        self.wrapper
+            .wait()
+            .expect("wait for the redis-server wrapper")
+    }
+}
+
+enum StartError {
+    /// The port was taken between choosing it and binding it.
+    PortTaken,
+    Failed(String),
+}
+
+/// A `redis-server` on 127.0.0.1 with its own temporary directory, no
+/// persistence, killed when dropped or when the test process ends.
+pub struct RedisServer {
+    port: u16,
+    args: Vec<String>,
+    running: Option<Running>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// A standalone server on a free port.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// A standalone server with extra configuration, e.g.
+    /// `&["--user", "alice", "on", ">secret", "~*", "&*", "+@all", "--user", "default", "off"]`
+    /// or `&["--requirepass", "secret"]`.
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        Self::start_inner(args, false)
+    }
+
+    fn start_inner(args: &[&str], cluster_bus: bool) -> RedisServer {
+        let binary = redis_server_binary();
+        let mut last = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            let port = pick_port(cluster_bus);
+            let dir = tempfile::Builder::new()
+                .prefix("sluice-redis-")
+                .tempdir()
+                .expect("create a temp dir for redis-server");
+            let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+            match spawn(&binary, port, &args, dir.path()) {
+                Ok(running) => {
+                    return RedisServer {
+                        port,
+                        args,
+                        running: Some(running),
+                        dir,
+                    };
+                }
+                Err(StartError::PortTaken) => last = format!("port {port} was taken"),
+                Err(StartError::Failed(why)) => panic!("{why}"),
+            }
+        }
+        panic!("redis-server did not start after {PORT_ATTEMPTS} attempts; last: {last}");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `redis://USER:PASS@127.0.0.1:PORT` (percent-encoded).
+    pub fn url_with_auth(&self, user: &str, pass: &str) -> String {
+        format!(
+            "redis://{}:{}@127.0.0.1:{}",
+            encode(user),
+            encode(pass),
+            self.port
+        )
+    }
+
+    /// The server's directory (holds `redis.log`, and `nodes.conf` in a cluster).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// The pid of the running `redis-server`; panics if it is stopped.
+    pub fn pid(&self) -> u32 {
+        self.running().pid
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    fn running(&self) -> &Running {
+        self.running
+            .as_ref()
+            .unwrap_or_else(|| panic!("redis-server on port {} is stopped", self.port))
+    }
+
+    /// Kills the server (SIGKILL, like a crash) and waits until it has exited
+    /// and its port is closed. Does nothing if it is already stopped.
+    pub fn stop(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.kill();
+        }
+    }
+
+    /// Starts the server again on the same port with the same arguments and
+    /// directory (stopping it first if it runs), and waits for PING.
+    pub fn restart(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match spawn(
+                &redis_server_binary(),
+                self.port,
+                &self.args,
+                self.dir.path(),
+            ) {
+                Ok(running) => {
+                    self.running = Some(running);
+                    return;
+                }
+                Err(StartError::PortTaken) if Instant::now() < deadline => {
+                    thread::sleep(Duration::from_millis(50));
+                }
+                Err(StartError::PortTaken) => panic!(
+                    "cannot restart redis-server: port {} is taken by another process",
+                    self.port
+                ),
+                Err(StartError::Failed(why)) => panic!("{why}"),
+            }
+        }
+    }
+
+    /// Freezes the server (SIGSTOP): connections are accepted by the kernel
+    /// but nothing is answered, like a hung Redis.
+    pub fn pause(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// Undoes [`RedisServer::pause`] (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.pid(), "CONT");
+    }
+
+    /// [`query`] on this server.
+    pub fn query(&self, args: &[&str]) -> Reply {
+        query(self.port, args)
+    }
+
+    /// [`command`] on this server.
+    pub fn command(&self, args: &[&str]) -> String {
+        command(self.port, args)
+    }
+
+    /// [`redis_cli`] on this server.
+    pub fn redis_cli(&self, args: &[&str]) -> String {
+        redis_cli(self.port, args)
+    }
+
+    /// A new connection to this server.
+    pub fn connect(&self) -> Conn {
+        Conn::connect(self.port)
+            .unwrap_or_else(|e| panic!("connect to redis on port {}: {e}", self.port))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("port", &self.port)
+            .field("pid", &self.running.as_ref().map(|r| r.pid))
+            .field("dir", &self.dir.path())
+            .finish()
+    }
+}
+
+/// Starts `redis-server` under the wrapper and waits until it answers PING.
+fn spawn(binary: &Path, port: u16, args: &[String], dir: &Path) -> Result<Running, StartError> {
+    let port_text = port.to_string();
+    let dir_text = dir.to_str().expect("temp dir path is UTF-8");
+    let mut wrapper = Command::new("sh")
+        .arg("-c")
+        .arg(WRAPPER)
+        .arg("sh")
+        .arg(binary)
+        .arg(dir)
+        .args([
+            "--port",
+            &port_text,
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            dir_text,
+        ])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| StartError::Failed(format!("cannot run sh to start redis-server: {e}")))?;
+    let stdin = wrapper.stdin.take();
+    let mut line = String::new();
+    let read = BufReader::new(wrapper.stdout.take().expect("piped stdout")).read_line(&mut line);
+    let pid = match read.ok().and_then(|_| line.trim().parse::<u32>().ok()) {
+        Some(pid) => pid,
+        None => {
+            drop(stdin);
+            let _ = wrapper.wait();
+            return Err(StartError::Failed(format!(
+                "the redis-server wrapper printed no pid (got {line:?})"
+            )));
+        }
+    };
+    let mut running = Running {
+        wrapper,
+        stdin,
+        pid,
+    };
+    let log = || std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Ok(Some(status)) = running.wrapper.try_wait() {
+            let log = log();
+            if log.contains("Address already in use") {
+                return Err(StartError::PortTaken);
+            }
+            return Err(StartError::Failed(format!(
+                "redis-server on port {port} exited during startup ({status}); args {args:?}; \
+                 log:\n{log}"
+            )));
+        }
+        if ping(port, Duration::from_secs(1)) {
+            return Ok(running);
+        }
+        if Instant::now() >= deadline {
+            let status = running.kill();
+            return Err(StartError::Failed(format!(
+                "redis-server on port {port} did not answer PING within {START_TIMEOUT:?} \
+                 (killed: {status}); args {args:?}; log:\n{}",
+                log()
+            )));
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A cluster
+// ---------------------------------------------------------------------------
+
+/// A Redis Cluster of three masters (no replicas) on loopback, with all
+/// 16384 slots assigned and `cluster_state:ok` on every node.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three nodes, joins them with `redis-cli --cluster create` and
+    /// waits until every node reports the cluster healthy.
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                thread::spawn(|| {
+                    RedisServer::start_inner(
+                        &[
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-node-timeout",
+                            "5000",
+                        ],
+                        true,
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|handle| handle.join().expect("start a cluster node"))
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addresses.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        run_redis_cli(&args);
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits (up to 20 s) until every running node reports `cluster_state:ok`,
+    /// all 16384 slots assigned and all nodes known; panics otherwise. Use
+    /// after restarting a node.
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        let slots = format!("cluster_slots_assigned:{CLUSTER_SLOTS}");
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
+        loop {
+            let infos: Vec<(u16, String)> = self
+                .nodes
+                .iter()
+                .filter(|n| n.is_running())
+                .map(|n| (n.port(), n.command(&["CLUSTER", "INFO"])))
+                .collect();
+            let healthy = |info: &str| {
+                let lines: Vec<&str> = info.lines().map(str::trim).collect();
+                ["cluster_state:ok", &slots, &known]
+                    .iter()
+                    .all(|want| lines.contains(want))
+            };
+            if infos.iter().all(|(_, info)| healthy(info)) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!("Redis Cluster not healthy within {CLUSTER_TIMEOUT:?}: {infos:#?}");
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The nodes' ports, in creation order.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(RedisServer::port).collect()
+    }
+
+    /// `redis-cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis-cluster://{}", hosts.join(","))
+    }
+
+    /// The same nodes in fred's `RedisConfig::from_url` syntax:
+    /// `redis-cluster://127.0.0.1:P1?node=127.0.0.1:P2&node=127.0.0.1:P3`.
+    pub fn fred_url(&self) -> String {
+        let ports = self.ports();
+        let rest: Vec<String> = ports[1..]
+            .iter()
+            .map(|p| format!("node=127.0.0.1:{p}"))
+            .collect();
+        format!("redis-cluster://127.0.0.1:{}?{}", ports[0], rest.join("&"))
+    }
+
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// A node, e.g. to stop, restart or pause it.
+    pub fn node_mut(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.nodes[index]
+    }
+
+    /// The port of the master that owns `slot`, as the first running node
+    /// sees it (`CLUSTER NODES`).
+    pub fn port_for_slot(&self, slot: u16) -> u16 {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running())
+            .expect("a running cluster node");
+        let nodes = node.command(&["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 8 || !fields[2].contains("master") {
+                continue;
+            }
+            let owns = fields[8..].iter().any(|range| {
+                let mut bounds = range.splitn(2, '-').map(|b| b.parse::<u16>().ok());
+                match (bounds.next().flatten(), bounds.next()) {
+                    (Some(lo), None) => slot == lo,
+                    (Some(lo), Some(Some(hi))) => (lo..=hi).contains(&slot),
+                    _ => false, // migrating/importing markers like [5-<-id]
+                }
+            });
+            if owns {
+                let address = fields[1].split('@').next().unwrap_or_default();
+                let port = address.rsplit(':').next().unwrap_or_default();
+                return port
+                    .parse()
+                    .unwrap_or_else(|_| panic!("bad address in CLUSTER NODES: {line}"));
+            }
+        }
+        panic!("no master owns slot {slot}:\n{nodes}");
+    }
+
+    /// The port of the master that owns `key`'s slot.
+    pub fn port_for_key(&self, key: &str) -> u16 {
+        self.port_for_slot(key_slot(key.as_bytes()))
+    }
+}
+
+impl fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(&self.nodes).finish()
+    }
+}
+
+/// The cluster hash slot of `key` (CRC16/XMODEM of the key, or of its first
+/// non-empty `{hash tag}`, modulo 16384), as `CLUSTER KEYSLOT` computes it.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(hashed) % CLUSTER_SLOTS
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
