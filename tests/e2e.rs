@@ -6,8 +6,8 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
+use std::process::Command;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
@@ -19,7 +19,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice::headers::HeaderMode;
-use support::Server;
+use support::{Server, start_binary};
 use tokio_stream::StreamExt as _;
 
 const RULES: &str = r#"
@@ -263,51 +263,6 @@ async fn admin_http_answers_healthz_on_its_own_port() {
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     assert!(reply.ends_with("ok\n"), "{reply}");
     server.stop().await;
-}
-
-/// The binary, killed when dropped so a failing test leaves nothing behind.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `sluice serve` with `args` on loopback port 0 and returns it with
-/// the gRPC address it logged.
-fn start_binary(args: &[&str]) -> (Process, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .args(args)
-        .env_remove("RUST_LOG")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run sluice");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let process = Process(child);
-    for line in lines.by_ref() {
-        let line = line.expect("read log");
-        if let Some(at) = line.find("grpc=") {
-            let addr = line[at + 5..]
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .to_string();
-            // Keep draining the log so the server never blocks on a full pipe.
-            std::thread::spawn(move || lines.for_each(drop));
-            return (process, addr);
-        }
-    }
-    panic!("sluice exited before listening");
 }
 
 #[test]

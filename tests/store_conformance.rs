@@ -6,14 +6,13 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sluice::limiter::{Algorithm, Clock, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
 use sluice::store::{
     Batch, BatchItem, BatchOutcome, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore,
-    RedisStoreConfig, RedisUrl, TimeSource,
+    TimeSource,
 };
 use support::redis::{RedisCluster, RedisServer};
 
@@ -30,27 +29,10 @@ fn cluster() -> &'static RedisCluster {
     CLUSTER.get_or_init(RedisCluster::start)
 }
 
-fn unique_prefix() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "conformance:{}:{}:",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-pub async fn redis_store(url: String, clock: Arc<ManualClock>) -> RedisStore {
-    let config = RedisStoreConfig {
-        url: RedisUrl::new(url),
-        pool_size: 2,
-        // Generous: this suite checks results, not latency, on a busy CI box.
-        timeout: Duration::from_secs(5),
-        key_prefix: unique_prefix(),
-        time: TimeSource::Local,
-    };
-    RedisStore::connect(&config, clock, Duration::from_secs(10))
-        .await
-        .expect("connect to the test Redis")
+/// A Redis store in local time mode, so the manual clock drives it. The
+/// timeout is generous: this suite checks results, not latency, on a busy box.
+async fn redis_store(url: String, clock: Arc<ManualClock>) -> RedisStore {
+    support::redis_store(&url, clock, TimeSource::Local, Duration::from_secs(5)).await
 }
 
 pub fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {

@@ -14,12 +14,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fred::interfaces::LuaInterface;
 use fred::prelude::{
-    Builder, ClientLike, Config, ReconnectPolicy, Server, ServerConfig, TlsConnector,
+    Builder, ClientLike, Config, Options, ReconnectPolicy, Server, ServerConfig, TlsConnector,
 };
 use fred::types::Value;
 use fred::types::config::ClusterDiscoveryPolicy;
 use fred::types::scripts::Script;
+use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
@@ -229,9 +231,9 @@ impl RedisStore {
         let mut fred_config = parse_url(&config.url).map_err(|e| {
             StoreError::Unavailable(format!("invalid Redis URL {}: {e}", config.url))
         })?;
-        // Fail at once while disconnected instead of queueing: our own timeout
-        // then answers UNAVAILABLE promptly.
-        fred_config.fail_fast = true;
+        // Keep reconnecting even when Redis is not up at start; commands fail
+        // fast on their own (see `call`).
+        fred_config.fail_fast = false;
         let cluster = matches!(fred_config.server, ServerConfig::Clustered { .. });
         let pool = Builder::from_config(fred_config)
             .with_connection_config(|c| {
@@ -239,7 +241,7 @@ impl RedisStore {
                 // Never resend a script: it may already have counted.
                 c.max_command_attempts = 1;
             })
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2))
             .build_pool(config.pool_size.max(1))
             .map_err(unavailable)?;
         pool.connect();
@@ -285,13 +287,54 @@ impl RedisStore {
         let _ = self.pool.quit().await;
     }
 
+    /// One `EVALSHA` on the node owning the keys' slot, loading the script first if
+    /// that Redis lacks it (a restarted Redis has no scripts). Never queued
+    /// while disconnected and never retried: a resent script could count
+    /// twice, and a queued one would count after its caller was told
+    /// UNAVAILABLE. (Sent as a custom command because fred's per-command
+    /// options do not reach its Lua interface.)
     async fn call(
         &self,
         script: &Script,
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Vec<i64>, StoreError> {
-        let call = script.evalsha_with_reload::<Vec<i64>, _, _>(self.pool.next(), keys, args);
+        let slot = keys
+            .first()
+            .map_or(0, |k| fred::util::redis_keyslot(k.as_bytes()));
+        let options = Options {
+            fail_fast: true,
+            max_attempts: Some(1),
+            ..Options::default()
+        };
+        // Round-robin over the connections that are up, so one still in
+        // reconnect back-off does not fail requests another could serve.
+        let client = self.pool.next_connected();
+        let fail_fast = client.with_options(&options);
+        let evalsha = || {
+            let mut command: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+            command.push(Value::from(script.sha1().clone()));
+            command.push(Value::from(keys.len() as i64));
+            command.extend(keys.iter().map(|k| Value::from(k.as_str())));
+            command.extend(args.iter().cloned());
+            fail_fast.custom::<Vec<i64>, Value>(
+                CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false),
+                command,
+            )
+        };
+        let call = async {
+            match evalsha().await {
+                Err(e) if e.details().starts_with("NOSCRIPT") => {
+                    let lua = script
+                        .lua()
+                        .expect("scripts are built from their source")
+                        .clone();
+                    client.script_load_cluster::<(), _>(lua).await?;
+                    evalsha().await
+                }
+                result => result,
+            }
+        };
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result.map_err(unavailable),
             Err(_) => Err(StoreError::Timeout(self.timeout)),

@@ -5,7 +5,9 @@
 
 pub mod redis;
 
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use sluice::decision::{Bounds, Limiter};
@@ -16,7 +18,12 @@ use sluice::proto::RateLimitService as _;
 use sluice::rules::{RuleSet, load_paths};
 use sluice::server::{self, Listeners};
 use sluice::service::RateLimitService;
-use sluice::store::{MemoryStore, MemoryStoreConfig};
+use sluice::store::{
+    CounterStore, MemoryStore, MemoryStoreConfig, RedisStore, RedisStoreConfig, RedisUrl,
+    TimeSource,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// An instant aligned to an hour, so fixed windows start at known times.
@@ -106,10 +113,20 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts a server on loopback ports chosen by the OS.
+    /// Starts a server over a memory store on loopback ports chosen by the OS.
     pub async fn start(yaml: &str, headers: HeaderMode) -> Self {
         let clock = Arc::new(ManualClock::new(T0));
         let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+        Self::start_with_store(yaml, headers, store, clock).await
+    }
+
+    /// Starts a server over `store`; `clock` is what the test moves.
+    pub async fn start_with_store<S: CounterStore>(
+        yaml: &str,
+        headers: HeaderMode,
+        store: S,
+        clock: Arc<ManualClock>,
+    ) -> Self {
         let limiter = Arc::new(Limiter::new(rules(yaml), store, Bounds::default()));
         let listeners = Listeners::bind(([127, 0, 0, 1], 0).into(), ([127, 0, 0, 1], 0).into())
             .await
@@ -141,4 +158,80 @@ impl Server {
             .expect("server task")
             .expect("server stopped cleanly");
     }
+}
+
+/// The `sluice` binary, killed when dropped so a failing test leaves nothing
+/// behind.
+pub struct Process(pub Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `sluice serve` with `args` on loopback port 0 and returns it with
+/// the gRPC address it logged.
+pub fn start_binary(args: &[&str]) -> (Process, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sluice");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let process = Process(child);
+    for line in lines.by_ref() {
+        let line = line.expect("read log");
+        if let Some(at) = line.find("grpc=") {
+            let addr = line[at + 5..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string();
+            // Keep draining the log so the server never blocks on a full pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            return (process, addr);
+        }
+    }
+    panic!("sluice exited before listening");
+}
+
+/// A key prefix no other test in this process uses, so tests can share one
+/// Redis without flushing it.
+pub fn unique_prefix() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "test:{}:{}:",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A Redis store on `url` with its own key prefix.
+pub async fn redis_store(
+    url: &str,
+    clock: Arc<ManualClock>,
+    time: TimeSource,
+    timeout: Duration,
+) -> RedisStore {
+    let config = RedisStoreConfig {
+        url: RedisUrl::new(url),
+        pool_size: 2,
+        timeout,
+        key_prefix: unique_prefix(),
+        time,
+    };
+    RedisStore::connect(&config, clock, Duration::from_secs(10))
+        .await
+        .expect("connect to the test Redis")
 }

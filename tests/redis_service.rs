@@ -1,0 +1,540 @@
+//! The service over real Redis processes started by the test harness:
+//! replicas sharing one Redis or one Cluster admit exactly the limit, hostile
+//! descriptor values never collide, a killed or hung Redis gives UNAVAILABLE
+//! (never a hang) and recovery is clean, ACL auth works, and each request is
+//! one script call that does not touch the TTL on every hit.
+
+mod support;
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::headers::HeaderMode;
+use sluice::limiter::ManualClock;
+use sluice::store::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource};
+use support::redis::{RedisCluster, RedisServer};
+use support::{Server, T0, start_binary};
+use tonic::transport::Channel;
+
+const RULES: &str = r#"
+domain: redis
+descriptors:
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: a_b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: three
+    rate_limits:
+      - {unit: second, requests_per_unit: 100}
+      - {unit: minute, requests_per_unit: 1000}
+      - {unit: hour, requests_per_unit: 10000}
+"#;
+
+/// RULES written to a file, for the `sluice` binary's `--rules`.
+fn rules_file() -> &'static str {
+    static PATH: OnceLock<(tempfile::TempDir, String)> = OnceLock::new();
+    &PATH
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("rules.yaml");
+            std::fs::write(&path, RULES).unwrap();
+            let text = path.display().to_string();
+            (dir, text)
+        })
+        .1
+}
+
+fn single() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
+
+fn request(descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "redis".into(),
+        descriptors: descriptors
+            .iter()
+            .map(|d| RateLimitDescriptor {
+                entries: d
+                    .iter()
+                    .map(|(k, v)| rate_limit_descriptor::Entry {
+                        key: (*k).into(),
+                        value: (*v).into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn connect(addr: &str) -> RateLimitServiceClient<Channel> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    RateLimitServiceClient::connect(uri)
+        .await
+        .expect("connect to sluice")
+}
+
+/// A server over `url` in Redis-time mode, with its own key prefix.
+async fn server_on(url: &str, timeout: Duration) -> Server {
+    server_sharing(url, timeout, &support::unique_prefix()).await
+}
+
+/// A server over `url` using `prefix`: servers given one prefix share counters.
+async fn server_sharing(url: &str, timeout: Duration, prefix: &str) -> Server {
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = RedisStoreConfig {
+        url: RedisUrl::new(url),
+        pool_size: 2,
+        timeout,
+        key_prefix: prefix.to_owned(),
+        time: TimeSource::Redis,
+    };
+    let store = RedisStore::connect(&config, clock.clone(), Duration::from_secs(10))
+        .await
+        .expect("connect");
+    Server::start_with_store(RULES, HeaderMode::Off, store, clock).await
+}
+
+/// Fires 200 concurrent calls for one client, alternating between `addrs`,
+/// and counts the admitted ones.
+async fn admitted_of_200(addrs: &[String], client: &str) -> usize {
+    let mut clients = Vec::new();
+    for addr in addrs {
+        clients.push(connect(addr).await);
+    }
+    let calls: Vec<_> = (0..200)
+        .map(|i| {
+            let mut c = clients[i % clients.len()].clone();
+            let req = request(&[&[("client", client)]]);
+            tokio::spawn(async move {
+                c.should_rate_limit(req)
+                    .await
+                    .expect("answer")
+                    .into_inner()
+                    .overall_code
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for call in calls {
+        if call.await.unwrap() == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_sharing_one_redis_admit_exactly_the_limit() {
+    let prefix = support::unique_prefix();
+    let url = single().url();
+    let args = [
+        "--rules",
+        rules_file(),
+        "--redis-url",
+        &url,
+        "--redis-key-prefix",
+        &prefix,
+        "--redis-timeout-ms",
+        "2000",
+    ];
+    let (_a, addr_a) = start_binary(&args);
+    let (_b, addr_b) = start_binary(&args);
+    for round in 0..3 {
+        let admitted =
+            admitted_of_200(&[addr_a.clone(), addr_b.clone()], &format!("hot-{round}")).await;
+        assert_eq!(admitted, 5, "round {round}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_sharing_one_redis_cluster_admit_exactly_the_limit() {
+    let prefix = support::unique_prefix();
+    let url = cluster().url();
+    let args = [
+        "--rules",
+        rules_file(),
+        "--redis-url",
+        &url,
+        "--redis-key-prefix",
+        &prefix,
+        "--redis-timeout-ms",
+        "2000",
+    ];
+    let (_a, addr_a) = start_binary(&args);
+    let (_b, addr_b) = start_binary(&args);
+    for round in 0..3 {
+        let admitted =
+            admitted_of_200(&[addr_a.clone(), addr_b.clone()], &format!("hot-{round}")).await;
+        assert_eq!(admitted, 5, "round {round}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_spanning_cluster_slots_is_all_or_nothing_across_replicas() {
+    let prefix = support::unique_prefix();
+    let a = server_sharing(&cluster().url(), Duration::from_secs(2), &prefix).await;
+    let b = server_sharing(&cluster().url(), Duration::from_secs(2), &prefix).await;
+    let (mut ca, mut cb) = (connect(&a.uri()).await, connect(&b.uri()).await);
+    // Ten clients spread over the slots, each also limited to 5.
+    let clients: Vec<String> = (0..10).map(|i| format!("spread-{i}")).collect();
+    let descriptors: Vec<Vec<(&str, &str)>> = clients
+        .iter()
+        .map(|c| vec![("client", c.as_str())])
+        .collect();
+    let slices: Vec<&[(&str, &str)]> = descriptors.iter().map(Vec::as_slice).collect();
+    let calls: Vec<_> = (0..60)
+        .map(|i| {
+            let mut c = if i % 2 == 0 { ca.clone() } else { cb.clone() };
+            let req = request(&slices);
+            tokio::spawn(async move {
+                c.should_rate_limit(req)
+                    .await
+                    .expect("answer")
+                    .into_inner()
+                    .overall_code
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for call in calls {
+        if call.await.unwrap() == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    // Never beyond the limit. Concurrent requests may see hits that are about
+    // to be refunded and be rejected (the documented transient: in a burst
+    // like this one, even all of them), but every counter must hold exactly
+    // the admitted requests once the refunds are in.
+    assert!(admitted <= 5, "admitted {admitted}");
+    for client in &clients {
+        let mut check = request(&[&[("client", client)]]);
+        check.descriptors[0].hits_addend =
+            Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        let r = cb.should_rate_limit(check).await.unwrap().into_inner();
+        assert_eq!(r.statuses[0].limit_remaining, 5 - admitted, "{client}");
+    }
+    // Without contention the multi-slot path admits exactly up to the limit.
+    for n in admitted..5 {
+        let r = ca
+            .should_rate_limit(request(&slices))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32, "request {} of 5", n + 1);
+    }
+    let r = ca
+        .should_rate_limit(request(&slices))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn hostile_values_never_share_a_counter_or_choose_a_slot() {
+    let server = server_on(&single().url(), Duration::from_secs(2)).await;
+    let mut c = connect(&server.uri()).await;
+    // envoyproxy/ratelimit's `domain_key_value_` keys make these two collide.
+    assert_eq!(
+        c.should_rate_limit(request(&[&[("a_b", "c")]]))
+            .await
+            .unwrap()
+            .into_inner()
+            .overall_code,
+        Code::Ok as i32
+    );
+    assert_eq!(
+        c.should_rate_limit(request(&[&[("a", "b_c")]]))
+            .await
+            .unwrap()
+            .into_inner()
+            .overall_code,
+        Code::Ok as i32
+    );
+    let long = "v".repeat(10_000);
+    let longer = format!("{long}v");
+    let values = [
+        "{x}",
+        "x}",
+        "{",
+        "}{",
+        "{}",
+        "a:b",
+        "a:b:",
+        ":",
+        "a\nb",
+        "a\r\nb",
+        "a\0b",
+        "a\0",
+        "ü",
+        "日本",
+        "🦀",
+        "",
+        " ",
+        "*",
+        "%",
+        long.as_str(),
+        longer.as_str(),
+    ];
+    for v in values {
+        let r = c
+            .should_rate_limit(request(&[&[("k", v)]]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.overall_code,
+            Code::Ok as i32,
+            "first hit of {:?} shared a counter",
+            &v[..v.len().min(20)]
+        );
+    }
+    for v in values {
+        let r = c
+            .should_rate_limit(request(&[&[("k", v)]]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.overall_code,
+            Code::OverLimit as i32,
+            "second hit of {:?} was not counted",
+            &v[..v.len().min(20)]
+        );
+    }
+    let keys = single().command(&["KEYS", "*"]);
+    let ours: Vec<&str> = keys.lines().filter(|k| k.contains("test:")).collect();
+    assert!(ours.len() >= values.len() + 2, "{keys}");
+    for key in ours {
+        assert_eq!(
+            (key.matches('{').count(), key.matches('}').count()),
+            (1, 1),
+            "{key}"
+        );
+        assert!(key.len() < 200, "bounded key length: {} bytes", key.len());
+    }
+    server.stop().await;
+}
+
+/// Calls until the answer is OK or `deadline` passes (waits for a process to
+/// come back, not for time to pass), returning the first OK response.
+async fn until_ok(
+    c: &mut RateLimitServiceClient<Channel>,
+    req: &RateLimitRequest,
+    deadline: Duration,
+) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse {
+    let start = Instant::now();
+    loop {
+        if let Ok(r) = c.should_rate_limit(req.clone()).await {
+            return r.into_inner();
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "no recovery within {deadline:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_gives_unavailable_fast_and_recovery_is_clean() {
+    let mut redis = RedisServer::start();
+    let server = server_on(&redis.url(), Duration::from_millis(250)).await;
+    let mut c = connect(&server.uri()).await;
+    let req = request(&[&[("client", "k")]]);
+    assert_eq!(
+        c.should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .statuses[0]
+            .limit_remaining,
+        4
+    );
+
+    redis.stop();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let start = Instant::now();
+        // A guard against hangs, not a latency assertion.
+        let answer = tokio::time::timeout(Duration::from_secs(5), c.should_rate_limit(req.clone()))
+            .await
+            .expect("a request must never hang while Redis is down");
+        slowest = slowest.max(start.elapsed());
+        assert_eq!(answer.unwrap_err().code(), tonic::Code::Unavailable);
+    }
+    eprintln!("slowest error while Redis was down: {slowest:?}");
+
+    // The new Redis is empty and has no scripts cached (NOSCRIPT is handled).
+    redis.restart();
+    let r = until_ok(&mut c, &req, Duration::from_secs(15)).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 4)
+    );
+    let r = c.should_rate_limit(req.clone()).await.unwrap().into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 3, "counting resumed exactly");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_times_out_as_unavailable_and_recovers() {
+    let redis = RedisServer::start();
+    let server = server_on(&redis.url(), Duration::from_millis(100)).await;
+    let mut c = connect(&server.uri()).await;
+    let req = request(&[&[("client", "h")]]);
+    assert_eq!(
+        c.should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .overall_code,
+        Code::Ok as i32
+    );
+    redis.pause();
+    for _ in 0..5 {
+        let answer = tokio::time::timeout(Duration::from_secs(5), c.should_rate_limit(req.clone()))
+            .await
+            .expect("a request must never hang while Redis is hung");
+        assert_eq!(answer.unwrap_err().code(), tonic::Code::Unavailable);
+    }
+    redis.resume();
+    // The timed-out calls had reached Redis's socket; it runs them when it
+    // resumes, so they count (1 + 5 > 5): over-counting, never over-admitting.
+    let r = until_ok(&mut c, &req, Duration::from_secs(15)).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::OverLimit as i32, 0)
+    );
+    let fresh = c
+        .should_rate_limit(request(&[&[("client", "h2")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (fresh.overall_code, fresh.statuses[0].limit_remaining),
+        (Code::Ok as i32, 4)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn acl_users_authenticate_and_wrong_passwords_fail_unavailable() {
+    let redis = RedisServer::start_with(&[
+        "--user",
+        "default",
+        "off",
+        "--user",
+        "alice",
+        "on",
+        ">s3cret:@/",
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    let good = server_on(
+        &redis.url_with_auth("alice", "s3cret:@/"),
+        Duration::from_secs(2),
+    )
+    .await;
+    let mut c = connect(&good.uri()).await;
+    let r = c
+        .should_rate_limit(request(&[&[("client", "acl")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 4)
+    );
+    good.stop().await;
+
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = sluice::store::RedisStoreConfig {
+        url: sluice::store::RedisUrl::new(redis.url_with_auth("alice", "wrong")),
+        pool_size: 1,
+        timeout: Duration::from_millis(500),
+        key_prefix: support::unique_prefix(),
+        time: TimeSource::Redis,
+    };
+    let store = sluice::store::RedisStore::connect(&config, clock.clone(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    let bad = Server::start_with_store(RULES, HeaderMode::Off, store, clock).await;
+    let mut c = connect(&bad.uri()).await;
+    let err = c
+        .should_rate_limit(request(&[&[("client", "acl")]]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    bad.stop().await;
+}
+
+/// `cmdstat_<name>` calls from `INFO commandstats`.
+fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let stats = redis.command(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn each_request_is_one_script_call_that_moves_the_ttl_only_when_needed() {
+    let redis = RedisServer::start();
+    let server = server_on(&redis.url(), Duration::from_secs(2)).await;
+    let mut c = connect(&server.uri()).await;
+    c.should_rate_limit(request(&[&[("three", "warm-up")]]))
+        .await
+        .unwrap();
+    redis.command(&["CONFIG", "RESETSTAT"]);
+    for i in 0..10 {
+        let req = request(&[
+            &[("three", "t")],
+            &[("client", "c")],
+            &[("a", &format!("x{}", i % 2))],
+        ]);
+        c.should_rate_limit(req).await.unwrap();
+    }
+    assert_eq!(
+        calls(&redis, "evalsha"),
+        10,
+        "one EVALSHA per request, with every descriptor"
+    );
+    assert_eq!(calls(&redis, "eval"), 0);
+    // Ten hits within one bucket of each window: each of the four keys gets
+    // its TTL set once, not on every hit.
+    assert!(
+        calls(&redis, "pexpire") <= 4 + 2,
+        "pexpire calls: {}",
+        calls(&redis, "pexpire")
+    );
+    assert_eq!(calls(&redis, "expire"), 0);
+    server.stop().await;
+}
