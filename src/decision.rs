@@ -22,7 +22,7 @@ pub struct Bounds {
     pub max_descriptors: usize,
     /// Most entries in one descriptor.
     pub max_entries: usize,
-    /// Longest entry key or value, in bytes.
+    /// Longest domain, entry key or entry value, in bytes.
     pub max_entry_bytes: usize,
     /// Largest weight (`hits_addend`) of a request or descriptor.
     pub max_hits_addend: u64,
@@ -333,6 +333,13 @@ impl Bounds {
         let invalid = |m: String| Err(DecideError::InvalidArgument(m));
         if request.domain.is_empty() {
             return invalid("rate limit domain must not be empty".into());
+        }
+        if request.domain.len() > self.max_entry_bytes {
+            return invalid(format!(
+                "domain is {} bytes (at most {})",
+                request.domain.len(),
+                self.max_entry_bytes
+            ));
         }
         if request.descriptors.is_empty() {
             return invalid("rate limit descriptor list must not be empty".into());

@@ -86,7 +86,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 let limiter = Arc::new(Limiter::new(rules, store, settings.bounds()));
                 server::run(
                     limiter.clone(),
-                    settings.response_headers,
+                    settings.serve_options(),
                     listeners,
                     shutdown,
                 )
@@ -104,7 +104,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 started("memory")?;
                 let limiter = Arc::new(Limiter::new(rules, store, settings.bounds()));
                 tokio::spawn(sweep(limiter.clone(), shutdown.clone()));
-                server::run(limiter, settings.response_headers, listeners, shutdown).await?;
+                server::run(limiter, settings.serve_options(), listeners, shutdown).await?;
             }
         }
         tracing::info!("sluice stopped");

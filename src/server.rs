@@ -5,6 +5,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
@@ -62,18 +63,35 @@ pub enum ServeError {
     Http(#[from] io::Error),
 }
 
-/// Serves until `shutdown` is cancelled, then stops accepting and lets
-/// in-flight requests finish.
+/// How the listeners behave.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    /// Rate-limit headers added to responses.
+    pub headers: HeaderMode,
+    /// After shutdown is requested, how long in-flight requests and open
+    /// streams may take before the server stops anyway.
+    pub shutdown_grace: Duration,
+}
+
+/// Health service names reported SERVING: the standard empty name, the RLS
+/// service's full name, and `ratelimit`, the name envoyproxy/ratelimit uses.
+const HEALTH_NAMES: [&str; 3] = ["", pb::SERVICE_NAME, "ratelimit"];
+
+/// Serves until `shutdown` is cancelled, then turns health NOT_SERVING, stops
+/// accepting, and lets in-flight requests finish for at most
+/// `options.shutdown_grace`.
 pub async fn run<S: CounterStore>(
     limiter: Arc<Limiter<S>>,
-    headers: HeaderMode,
+    options: ServeOptions,
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status(pb::SERVICE_NAME, ServingStatus::Serving)
-        .await;
+    for name in HEALTH_NAMES {
+        reporter
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
@@ -85,12 +103,11 @@ pub async fn run<S: CounterStore>(
     let health_shutdown = shutdown.clone();
     tokio::spawn(async move {
         health_shutdown.cancelled().await;
-        reporter
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        reporter
-            .set_service_status(pb::SERVICE_NAME, ServingStatus::NotServing)
-            .await;
+        for name in HEALTH_NAMES {
+            reporter
+                .set_service_status(name, ServingStatus::NotServing)
+                .await;
+        }
     });
 
     // Decisions are small and latency-bound: never let Nagle hold a reply back.
@@ -104,14 +121,29 @@ pub async fn run<S: CounterStore>(
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
         .add_service(pb::RateLimitServiceServer::new(RateLimitService::new(
-            limiter, headers,
+            limiter,
+            options.headers,
         )))
         .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
     let admin = axum::serve(listeners.http, admin_router())
-        .with_graceful_shutdown(shutdown.cancelled_owned());
-    tokio::try_join!(async { grpc.await.map_err(ServeError::from) }, async {
-        admin.await.map_err(ServeError::from)
-    })?;
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let serving = async {
+        tokio::try_join!(async { grpc.await.map_err(ServeError::from) }, async {
+            admin.await.map_err(ServeError::from)
+        })
+    };
+    // Long-lived streams (a health Watch, say) must not hold shutdown open
+    // past the grace period: Kubernetes would kill the pod mid-flight anyway.
+    let deadline = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(options.shutdown_grace).await;
+    };
+    tokio::select! {
+        result = serving => { result?; }
+        () = deadline => {
+            tracing::warn!(grace = ?options.shutdown_grace, "connections still open after the shutdown grace period; stopping anyway");
+        }
+    }
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use config::Source as _;
 use serde::{Deserialize, Serialize};
 
 use crate::decision::Bounds;
@@ -23,7 +24,7 @@ pub enum LogFormat {
 }
 
 /// Every setting of `sluice serve`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct Settings {
     /// Rules file or directory; `None` serves the built-in example rules.
@@ -58,6 +59,8 @@ pub struct Settings {
     pub redis_key_prefix: String,
     /// Where the Redis scripts take the time from.
     pub time_source: TimeSource,
+    /// After SIGTERM, how long in-flight requests may take, in milliseconds.
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for Settings {
@@ -80,6 +83,7 @@ impl Default for Settings {
             redis_timeout_ms: 10,
             redis_key_prefix: "sluice:".into(),
             time_source: TimeSource::Redis,
+            shutdown_grace_ms: 10_000,
         }
     }
 }
@@ -156,12 +160,59 @@ pub struct SettingsFlags {
     #[arg(long, value_enum, value_name = "SOURCE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time_source: Option<TimeSource>,
+    /// After SIGTERM, how long in-flight requests and open streams may take
+    /// before the process exits, in milliseconds [default: 10000]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_ms: Option<u64>,
 }
 
 /// Why settings could not be read.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid settings: {0}")]
-pub struct SettingsError(#[from] config::ConfigError);
+pub enum SettingsError {
+    /// A value is missing its file, malformed or of the wrong type.
+    #[error("invalid settings: {0}")]
+    Invalid(#[from] config::ConfigError),
+    /// The settings file names a setting that does not exist (a typo would
+    /// otherwise silently leave the default in force).
+    #[error("{file}: unknown setting '{key}' (known: {known})")]
+    UnknownKey {
+        /// The settings file.
+        file: String,
+        /// The unknown key.
+        key: String,
+        /// Every valid key.
+        known: String,
+    },
+}
+
+/// Fails on a key of the settings file that is not a setting.
+fn check_keys(file: &Path) -> Result<(), SettingsError> {
+    let found = config::Config::builder()
+        .add_source(config::File::from(file).required(true))
+        .build()?
+        .collect()?;
+    let defaults = serde_json::to_value(Settings::default()).expect("settings serialize");
+    let known: Vec<&String> = defaults
+        .as_object()
+        .expect("settings are a map")
+        .keys()
+        .collect();
+    let mut keys: Vec<&String> = found.keys().collect();
+    keys.sort();
+    match keys.into_iter().find(|k| !known.contains(k)) {
+        Some(key) => Err(SettingsError::UnknownKey {
+            file: file.display().to_string(),
+            key: key.clone(),
+            known: known
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+        None => Ok(()),
+    }
+}
 
 impl Settings {
     /// Reads the settings from `file` (if any), the process environment and
@@ -179,6 +230,7 @@ impl Settings {
     ) -> Result<Self, SettingsError> {
         let mut builder = config::Config::builder();
         if let Some(file) = file {
+            check_keys(file)?;
             builder = builder.add_source(config::File::from(file).required(true));
         }
         // No deny-unknown here: Kubernetes injects `SLUICE_SERVICE_HOST`-style
@@ -203,6 +255,14 @@ impl Settings {
                 key_prefix: self.redis_key_prefix.clone(),
                 time: self.time_source,
             })
+    }
+
+    /// How the listeners behave.
+    pub fn serve_options(&self) -> crate::server::ServeOptions {
+        crate::server::ServeOptions {
+            headers: self.response_headers,
+            shutdown_grace: std::time::Duration::from_millis(self.shutdown_grace_ms),
+        }
     }
 
     /// The request bounds.
@@ -263,6 +323,20 @@ mod tests {
         assert_eq!(s.max_entries, 5);
         assert_eq!(s.log_level, "debug");
         assert_eq!(s.response_headers, HeaderMode::Ietf);
+    }
+
+    #[test]
+    fn a_typo_in_the_settings_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sluice.toml");
+        std::fs::write(&file, "grpc_adr = \"127.0.0.1:1000\"\n").unwrap();
+        let err =
+            Settings::load_from(Some(&file), &SettingsFlags::default(), env(&[])).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("unknown setting 'grpc_adr'") && text.contains("grpc_addr"),
+            "{text}"
+        );
     }
 
     #[test]

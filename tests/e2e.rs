@@ -182,12 +182,16 @@ async fn two_hundred_concurrent_calls_against_a_limit_of_five_admit_exactly_five
 }
 
 #[tokio::test]
-async fn grpc_health_reports_serving_for_both_service_names() {
+async fn grpc_health_reports_serving_for_every_service_name() {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
     let server = Server::start(RULES, HeaderMode::Off).await;
     let mut health = HealthClient::new(channel(&server).await);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
         let r = health
             .check(HealthCheckRequest {
                 service: service.into(),
@@ -338,4 +342,49 @@ fn the_binary_refuses_to_start_on_broken_rules() {
         stderr.contains("bad.yaml:4: x/a: invalid rate limit unit 'fortnight'"),
         "{stderr}"
     );
+}
+
+#[test]
+fn sigterm_does_not_wait_forever_for_an_open_stream() {
+    let (mut server, addr) = start_binary(&["--shutdown-grace-ms", "300"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // A health Watch stays open until the server ends it.
+    let _stream = runtime.block_on(async {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_client::HealthClient;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel);
+        health
+            .watch(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let pid = server.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // A guard against a hang, far above the 300 ms grace.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sluice did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -697,3 +697,34 @@ async fn no_headers_when_no_descriptor_has_a_limit() {
     let r = h.ok(request("test", &[&[("plan", "enterprise")]])).await;
     assert!(r.response_headers_to_add.is_empty());
 }
+
+#[tokio::test]
+async fn a_counter_named_twice_in_a_rejected_request_reports_one_headroom() {
+    let h = Harness::new(RULES);
+    h.ok(request("test", &[&[("weighted", "u")]])).await; // 1 of 5 used
+    let mut req = request("test", &[&[("weighted", "u")], &[("weighted", "u")]]);
+    req.descriptors[0].hits_addend = Some(2);
+    req.descriptors[1].hits_addend = Some(3);
+    let r = h.ok(req).await;
+    assert_eq!(r.overall_code, OVER, "1 + 2 + 3 > 5");
+    assert_eq!((status(&r, 0).code, status(&r, 1).code), (OK, OVER));
+    assert_eq!(
+        (status(&r, 0).limit_remaining, status(&r, 1).limit_remaining),
+        (4, 4)
+    );
+}
+
+#[tokio::test]
+async fn an_overlong_domain_is_invalid_argument() {
+    let bounds = Bounds {
+        max_entry_bytes: 8,
+        ..Bounds::default()
+    };
+    let h = Harness::with(RULES, HeaderMode::Off, bounds);
+    let err = h
+        .call(request("a-domain-name-too-long", &[&[("a", "b")]]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("domain"), "{}", err.message());
+}

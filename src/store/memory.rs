@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError};
+use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
 use crate::limiter::{Clock, CounterKey, Millis, State, admits};
 
 /// Counters sampled when a full shard must make room.
@@ -144,7 +144,7 @@ impl MemoryStore {
 
         // Pass 1: check every limit as if every earlier limit of this request
         // had been counted (a request may name one counter twice).
-        let mut checked: Vec<(u64, bool)> = Vec::with_capacity(counters.len());
+        let mut checked: Vec<(u64, u64, bool)> = Vec::with_capacity(counters.len());
         let mut verdicts = Vec::with_capacity(batch.items.len());
         let mut index = 0;
         for item in &batch.items {
@@ -156,7 +156,7 @@ impl MemoryStore {
                 let pending: u64 = batch_hits_before(batch, &counters, index, key);
                 let over = used + pending + item.hits > limit.requests;
                 item_over |= over;
-                checked.push((used + pending, over));
+                checked.push((used, pending, over));
                 index += 1;
             }
             verdicts.push((item.role, item_over));
@@ -170,7 +170,7 @@ impl MemoryStore {
             for limit in &item.limits {
                 let (key, shard) = &counters[index];
                 let shard = &mut *guards[guard(*shard)];
-                let (seen, over) = checked[index];
+                let (before, pending, over) = checked[index];
                 let reset_ms = if admitted && item.hits > 0 {
                     let state = shard.entry(key, &counters, now, self);
                     state.add(now, item.hits);
@@ -181,7 +181,7 @@ impl MemoryStore {
                         |s| s.reset_ms(now),
                     )
                 };
-                let used = if admitted { seen + item.hits } else { seen };
+                let used = counted_used(admitted, before, pending, item.hits);
                 limits.push(LimitOutcome {
                     used,
                     over,

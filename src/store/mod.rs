@@ -46,6 +46,18 @@ pub struct LimitOutcome {
     pub reset_ms: u64,
 }
 
+/// The `used` a store reports for one limit: after this request (and the
+/// earlier limits of the request on the same counter) when it was admitted,
+/// the counter as it stands when it was not. Both stores use this, so a
+/// counter named twice in one request reports consistently.
+pub(crate) fn counted_used(admitted: bool, before: u64, pending: u64, hits: u64) -> u64 {
+    if admitted {
+        before + pending + hits
+    } else {
+        before
+    }
+}
+
 /// What the store decided for a batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchOutcome {

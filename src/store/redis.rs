@@ -25,7 +25,7 @@ use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
-use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError};
+use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
 use crate::limiter::{Algorithm, Clock, Role, admits};
 
 const DECIDE: &str = include_str!("redis/decide.lua");
@@ -380,10 +380,11 @@ impl RedisStore {
                 args,
             )
             .await?;
-        let expected = 2 + 4 * items
-            .iter()
-            .map(|&i| batch.items[i].limits.len())
-            .sum::<usize>();
+        let expected = 2 + ANSWER_LEN
+            * items
+                .iter()
+                .map(|&i| batch.items[i].limits.len())
+                .sum::<usize>();
         if reply.len() != expected {
             return Err(StoreError::Unavailable(format!(
                 "unexpected script reply of {} values",
@@ -434,10 +435,16 @@ impl CounterStore for RedisStore {
         if groups.len() <= 1 {
             let all: Vec<usize> = (0..batch.items.len()).collect();
             let reply = self.decide_part(batch, &all, &keys, true, &now).await?;
-            return Ok(BatchOutcome {
-                admitted: reply[0] == 1,
-                limits: outcomes(&reply),
-            });
+            let admitted = reply[0] == 1;
+            let mut answers = answers(&reply);
+            let limits = batch
+                .items
+                .iter()
+                .flat_map(|item| item.limits.iter().map(move |_| item.hits))
+                .zip(answers.by_ref())
+                .map(|(hits, answer)| answer.outcome(admitted, hits))
+                .collect();
+            return Ok(BatchOutcome { admitted, limits });
         }
 
         let replies = join_all(
@@ -453,13 +460,9 @@ impl CounterStore for RedisStore {
         for ((_, items), reply) in groups.iter().zip(&replies) {
             match reply {
                 Ok(reply) => {
-                    let mut values = reply[2..].chunks(4);
+                    let mut values = answers(reply);
                     for &i in items {
-                        let limits = batch.items[i]
-                            .limits
-                            .iter()
-                            .filter_map(|_| values.next().map(|v| (limit_outcome(v), v[3])))
-                            .collect();
+                        let limits = values.by_ref().take(batch.items[i].limits.len()).collect();
                         per_item[i] = Some((limits, reply[0] == 1));
                     }
                 }
@@ -470,7 +473,7 @@ impl CounterStore for RedisStore {
             && admits(batch.items.iter().zip(&per_item).map(|(item, outcome)| {
                 let over = outcome
                     .as_ref()
-                    .is_some_and(|(limits, _)| limits.iter().any(|(o, _)| o.over));
+                    .is_some_and(|(limits, _)| limits.iter().any(|a| a.over));
                 (item.role, over)
             }));
         if !admitted {
@@ -484,19 +487,11 @@ impl CounterStore for RedisStore {
             .iter()
             .zip(per_item)
             .flat_map(|(item, outcome)| {
-                let (limits, counted) = outcome.expect("every group answered");
-                limits.into_iter().map(move |(o, _)| {
-                    // A refunded part reports what it saw before counting.
-                    let refunded = counted && !admitted;
-                    LimitOutcome {
-                        used: if refunded {
-                            o.used.saturating_sub(item.hits)
-                        } else {
-                            o.used
-                        },
-                        ..o
-                    }
-                })
+                let (limits, _) = outcome.expect("every group answered");
+                // A refunded part reports the counter as it stands again.
+                limits
+                    .into_iter()
+                    .map(move |a| a.outcome(admitted, item.hits))
             })
             .collect();
         Ok(BatchOutcome { admitted, limits })
@@ -515,13 +510,13 @@ impl RedisStore {
             let item = &batch.items[i];
             refund_keys.push(keys[i].clone());
             args.push(Value::from(limits.len() as i64));
-            for (limit, (_, slot)) in item.limits.iter().zip(limits) {
+            for (limit, answer) in item.limits.iter().zip(limits) {
                 let (algorithm, precision) = algorithm_args(limit.window.algorithm);
                 args.extend([
                     Value::from(i64::try_from(limit.window.duration_ms).unwrap_or(i64::MAX)),
                     Value::from(algorithm),
                     Value::from(precision),
-                    Value::from(*slot),
+                    Value::from(answer.slot),
                     hits(item.hits),
                 ]);
             }
@@ -556,20 +551,43 @@ impl RedisStore {
     }
 }
 
-/// One item's answer from its slot group: each limit's outcome with the
-/// bucket or window its hits went to, and whether the group counted it.
-type ItemPart = (Vec<(LimitOutcome, i64)>, bool);
+/// One item's answers from its slot group, and whether the group counted it.
+type ItemPart = (Vec<Answer>, bool);
 
-fn limit_outcome(v: &[i64]) -> LimitOutcome {
-    LimitOutcome {
-        used: u64::try_from(v[0]).unwrap_or(0),
-        over: v[1] == 1,
-        reset_ms: u64::try_from(v[2]).unwrap_or(0),
+/// Values per limit in a decide.lua reply.
+const ANSWER_LEN: usize = 5;
+
+/// One limit's answer from decide.lua.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    before: u64,
+    pending: u64,
+    over: bool,
+    reset_ms: u64,
+    /// The bucket or window the hits went to, for a refund.
+    slot: i64,
+}
+
+impl Answer {
+    fn outcome(self, admitted: bool, hits: u64) -> LimitOutcome {
+        LimitOutcome {
+            used: counted_used(admitted, self.before, self.pending, hits),
+            over: self.over,
+            reset_ms: self.reset_ms,
+        }
     }
 }
 
-fn outcomes(reply: &[i64]) -> Vec<LimitOutcome> {
-    reply[2..].chunks(4).map(limit_outcome).collect()
+/// The per-limit answers of a decide.lua reply.
+fn answers(reply: &[i64]) -> impl Iterator<Item = Answer> + '_ {
+    let count = |v: i64| u64::try_from(v).unwrap_or(0);
+    reply[2..].chunks(ANSWER_LEN).map(move |v| Answer {
+        before: count(v[0]),
+        pending: count(v[1]),
+        over: v[2] == 1,
+        reset_ms: count(v[3]),
+        slot: v[4],
+    })
 }
 
 #[cfg(test)]

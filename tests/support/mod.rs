@@ -136,7 +136,11 @@ impl Server {
             listeners.http_addr().unwrap(),
         );
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(server::run(limiter, headers, listeners, shutdown.clone()));
+        let options = server::ServeOptions {
+            headers,
+            shutdown_grace: Duration::from_secs(10),
+        };
+        let task = tokio::spawn(server::run(limiter, options, listeners, shutdown.clone()));
         Self {
             grpc,
             http,

@@ -17,9 +17,11 @@ Then, per item, in KEYS order: role (0 enforce, 1 shadow, 2 quota), hits,
 number of limits; and per limit: requests, duration_ms, algorithm
 (0 sliding_window, 1 fixed_window), precision_ms (0 for fixed_window).
 
-Reply: { applied (1|0), now, then per limit: used, over (1|0), reset_ms, slot }
-  used   weighted hits in the window, after this request when applied
-  slot   the bucket or window index the hits went to (-1 if none), for refunds
+Reply: { applied (1|0), now, then per limit: used, pending, over (1|0), reset_ms, slot }
+  used     weighted hits in the window before this request
+  pending  hits of earlier limits of this request on the same counter
+  over     used + pending + hits > requests
+  slot     the bucket or window index the hits went to (-1 if none), for refunds
 
 Fields of a HASH, per limit (D = duration_ms, P = precision_ms):
   sliding_window  "D:P:<bucket>" hits of a non-empty bucket (bucket = time / P)
@@ -146,8 +148,8 @@ for _, item in ipairs(items) do
       states[id] = st
     end
     l.st = st
-    l.seen = st.used + st.pending
-    l.over = l.seen + item.hits > l.requests
+    l.pending = st.pending
+    l.over = st.used + st.pending + item.hits > l.requests
     st.pending = st.pending + item.hits
     item_over = item_over or l.over
   end
@@ -205,11 +207,8 @@ for _, l in ipairs(limits) do
   else
     reset = (floor(now / l.d) + 1) * l.d - now
   end
-  local used = l.seen
-  if applied then
-    used = used + hits
-  end
-  reply[#reply + 1] = used
+  reply[#reply + 1] = st.used
+  reply[#reply + 1] = l.pending
   reply[#reply + 1] = l.over and 1 or 0
   reply[#reply + 1] = reset
   reply[#reply + 1] = slot
