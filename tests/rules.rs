@@ -793,6 +793,115 @@ fn yaml_anchors_and_flow_style_are_accepted() {
 }
 
 #[test]
+fn yaml_merge_keys_are_applied_and_explicit_keys_win() {
+    // Go's yaml.v2 (and so envoyproxy/ratelimit) applies merge keys.
+    let text = yaml(
+        r"
+        domain: d
+        descriptors:
+          - key: a
+            rate_limit: &lim
+              unit: minute
+              requests_per_unit: 10
+              name: a
+          - key: b
+            rate_limit: {<<: *lim, name: b}
+          - key: c
+            rate_limit:
+              requests_per_unit: 30
+              <<: *lim
+          - key: e
+            rate_limit:
+              <<: [{unit: second, name: first}, *lim]
+        ",
+    );
+    let domain = load(&text);
+    let limit = |key| {
+        let found = find(&domain, &[(key, "x")]).expect("the rule matches");
+        let limit = &found.rule.limits[0];
+        (
+            limit.spec.requests,
+            limit.unit,
+            limit.name.as_deref().map(str::to_owned),
+        )
+    };
+    assert_eq!(limit("b"), (10, Unit::Minute, Some("b".into())));
+    // An explicit key wins even when written before the merge key.
+    assert_eq!(limit("c"), (30, Unit::Minute, Some("a".into())));
+    // In a list, earlier maps win over later ones.
+    assert_eq!(limit("e"), (10, Unit::Second, Some("first".into())));
+}
+
+#[test]
+fn yaml_merged_values_are_reported_at_their_own_line() {
+    let text = yaml(
+        r"
+        domain: d
+        descriptors:
+          - key: a
+            value: x
+            rate_limit: &lim
+              unit: fortnight
+              requests_per_unit: 1
+          - key: b
+            rate_limit: {<<: *lim, requests_per_unit: 2}
+        ",
+    );
+    let errors = load_errors(&text);
+    let at: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.path.as_str())).collect();
+    let line = line_of(&text, "fortnight");
+    assert_eq!(at, [(line, "d/a=x"), (line, "d/b")], "{errors:#?}");
+}
+
+#[test]
+fn yaml_merge_key_of_a_scalar_is_an_error() {
+    let text = yaml(
+        r"
+        domain: d
+        descriptors:
+          - key: a
+            rate_limit: {<<: minute, requests_per_unit: 1}
+        ",
+    );
+    assert_only_error(
+        &text,
+        "<<",
+        "",
+        "invalid YAML: merge key '<<' needs a map or a list of maps",
+    );
+}
+
+#[test]
+fn null_rate_limit_is_no_limit_and_whitelists() {
+    let domain = load(&yaml(
+        r"
+        domain: d
+        descriptors:
+          - key: a
+            rate_limit: {unit: second, requests_per_unit: 1}
+          - key: a
+            value: free
+            rate_limit: ~
+          - key: a
+            value: also-free
+            rate_limits: null
+          - key: b
+            rate_limit:
+          - key: c
+            rate_limit: ~
+            rate_limits:
+              - {unit: second, requests_per_unit: 3}
+        ",
+    ));
+    assert_eq!(requests(find(&domain, &[("a", "other")])), Some(1));
+    assert_eq!(requests(find(&domain, &[("a", "free")])), None);
+    assert_eq!(requests(find(&domain, &[("a", "also-free")])), None);
+    assert_eq!(requests(find(&domain, &[("b", "x")])), None);
+    // A null `rate_limit` beside `rate_limits` is absent, not a conflict.
+    assert_eq!(requests(find(&domain, &[("c", "x")])), Some(3));
+}
+
+#[test]
 fn file_starting_with_a_byte_order_mark_loads() {
     let text = "\u{feff}domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
     let domain = load(text);
@@ -865,19 +974,20 @@ fn unknown_rate_limit_key_is_an_error() {
         ",
     );
     let errors = load_errors(&text);
-    assert_error(
-        &errors[0],
-        line_of(&text, "requestsperunit"),
-        "d/a/b",
-        "unknown key 'requestsperunit'",
-    );
-    // The missing requests_per_unit is reported too.
+    // The missing requests_per_unit is reported too, at the block's first
+    // line, so before the misspelt key.
     assert_eq!(errors.len(), 2, "{errors:#?}");
     assert_error(
-        &errors[1],
+        &errors[0],
         line_of(&text, "unit: second"),
         "d/a/b",
         "'requests_per_unit' is required",
+    );
+    assert_error(
+        &errors[1],
+        line_of(&text, "requestsperunit"),
+        "d/a/b",
+        "unknown key 'requestsperunit'",
     );
 }
 
@@ -1642,6 +1752,141 @@ fn every_error_of_a_file_is_reported() {
 }
 
 #[test]
+fn errors_are_reported_in_line_order() {
+    let text = yaml(
+        r"
+        domain: d
+        descriptors:
+          - key: a
+            rate_limit: {unit: second, requests_per_unit: 1}
+          - key: a
+            descriptors:
+              - key: b
+                rate_limit: {unit: nope, requests_per_unit: 1}
+          - key: c
+            value: plain
+            shadow_mode: maybe
+            share_threshold: true
+            rate_limit: {unit: second, requests_per_unit: 1}
+            rate_limits: [{unit: second, requests_per_unit: 2}]
+        ",
+    );
+    // Found in the order 8, 5, 11, 9, 9: children before their parent's
+    // duplicate check, flags before the descriptor-wide checks.
+    let errors = load_errors(&text);
+    let at: Vec<(usize, &str)> = errors.iter().map(|e| (e.line, e.path.as_str())).collect();
+    assert_eq!(
+        at,
+        [
+            (5, "d/a"),
+            (8, "d/a/b"),
+            (9, "d/c=plain"),
+            (9, "d/c=plain"),
+            (11, "d/c=plain")
+        ],
+        "{errors:#?}"
+    );
+    assert!(errors[0].message.contains("duplicate descriptor"));
+    assert!(errors[2].message.contains("share_threshold"));
+    assert!(errors[3].message.contains("not both"));
+    assert!(
+        errors[4]
+            .message
+            .contains("'shadow_mode' must be true or false")
+    );
+}
+
+#[test]
+fn empty_domain_rule_paths_start_with_a_question_mark() {
+    let text = yaml(
+        r"
+        domain: ''
+        descriptors:
+          - key: s
+            value: plain
+            rate_limit: {unit: fortnight, requests_per_unit: 1}
+          - 7
+          - value: no-key
+        ",
+    );
+    let errors = load_errors(&text);
+    assert_eq!(errors.len(), 4, "{errors:#?}");
+    assert_error(&errors[0], 1, "", "config file cannot have empty domain");
+    assert_error(
+        &errors[1],
+        line_of(&text, "fortnight"),
+        "?/s=plain",
+        "invalid rate limit unit",
+    );
+    assert_error(&errors[2], line_of(&text, "- 7"), "?", "must be a map");
+    assert_error(
+        &errors[3],
+        line_of(&text, "no-key"),
+        "?",
+        "descriptor has empty key",
+    );
+}
+
+#[test]
+fn empty_key_errors_name_the_parent_path() {
+    let text = yaml(
+        r"
+        domain: d
+        descriptors:
+          - value: top
+          - key: a
+            value: b
+            descriptors:
+              - value: no-key
+                bogus: 1
+        ",
+    );
+    let errors = load_errors(&text);
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+    assert_error(
+        &errors[0],
+        line_of(&text, "value: top"),
+        "d",
+        "descriptor has empty key",
+    );
+    // Keys of a descriptor without a key are reported at its parent too.
+    assert_error(
+        &errors[1],
+        line_of(&text, "value: no-key"),
+        "d/a=b",
+        "descriptor has empty key",
+    );
+    assert_error(
+        &errors[2],
+        line_of(&text, "bogus"),
+        "d/a=b",
+        "unknown key 'bogus'",
+    );
+}
+
+#[test]
+fn non_map_descriptor_items_name_the_parent_path() {
+    let text = yaml(
+        r"
+        domain: d
+        descriptors:
+          - key: a
+            value: b
+            descriptors:
+              - key: c
+                descriptors:
+                  - [not, a, map]
+        ",
+    );
+    assert_only_error(
+        &text,
+        "[not, a, map]",
+        "d/a=b/c",
+        "a descriptor must be a map, found a list",
+    );
+}
+
+#[test]
 fn every_error_is_reported_even_without_a_domain() {
     let text = yaml(
         r"
@@ -1732,14 +1977,12 @@ fn directory_loads_only_visible_yaml_and_yml_files() {
     let p = dir.path();
     fs::write(p.join("a.yaml"), rules_file("alpha")).unwrap();
     fs::write(p.join("b.yml"), rules_file("beta")).unwrap();
-    // Not rules: other extensions, dotfiles, editor leftovers, subdirectories.
+    // Not rules: other extensions, dotfiles, editor leftovers.
     fs::write(p.join("c.json"), rules_file("gamma")).unwrap();
     fs::write(p.join("README"), "not yaml: [").unwrap();
     fs::write(p.join(".hidden.yaml"), rules_file("hidden")).unwrap();
     fs::write(p.join("d.yaml.bak"), "broken: [").unwrap();
     fs::write(p.join("d.yaml~"), "broken: [").unwrap();
-    fs::create_dir(p.join("nested.yaml")).unwrap();
-    fs::write(p.join("nested.yaml").join("e.yaml"), rules_file("nested")).unwrap();
     let set = load_paths(&[p.to_path_buf()]).unwrap();
     assert_eq!(domain_names(&set), ["alpha", "beta"]);
     assert_eq!(
@@ -1762,10 +2005,131 @@ fn files_and_directories_can_be_mixed() {
 }
 
 #[test]
-fn empty_directory_loads_no_domains() {
+fn subdirectories_are_loaded_recursively_except_hidden_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let set = load_paths(&[dir.path().to_path_buf()]).unwrap();
-    assert_eq!(set.domains().count(), 0);
+    let p = dir.path();
+    fs::write(p.join("top.yaml"), rules_file("top")).unwrap();
+    // A directory is walked whatever its name.
+    fs::create_dir_all(p.join("team").join("deep.yaml")).unwrap();
+    fs::write(p.join("team").join("a.yml"), rules_file("team-a")).unwrap();
+    fs::write(p.join("team").join("notes.txt"), "not yaml: [").unwrap();
+    fs::write(
+        p.join("team").join("deep.yaml").join("b.yaml"),
+        rules_file("team-b"),
+    )
+    .unwrap();
+    // Hidden directories and files are skipped at any depth.
+    fs::create_dir_all(p.join(".git")).unwrap();
+    fs::write(p.join(".git").join("x.yaml"), "broken: [").unwrap();
+    fs::create_dir_all(p.join("team").join(".cache")).unwrap();
+    fs::write(p.join("team").join(".cache").join("y.yaml"), "broken: [").unwrap();
+    fs::write(p.join("team").join(".z.yaml"), "broken: [").unwrap();
+
+    let set = load_paths(&[p.to_path_buf()]).unwrap_or_else(|e| panic!("{e:#?}"));
+    assert_eq!(domain_names(&set), ["team-a", "team-b", "top"]);
+    assert_eq!(
+        set.domain("team-b").unwrap().source(),
+        p.join("team/deep.yaml/b.yaml").display().to_string()
+    );
+}
+
+#[test]
+fn subdirectory_files_are_loaded_in_path_order() {
+    // The first file of a duplicated domain, in path order, is the one kept.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    fs::create_dir_all(p.join("a")).unwrap();
+    fs::write(p.join("a").join("z.yaml"), rules_file("shared")).unwrap();
+    fs::write(p.join("b.yaml"), rules_file("shared")).unwrap();
+    let errors = load_paths(&[p.to_path_buf()]).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].file, p.join("b.yaml").display().to_string());
+    assert!(errors[0].message.contains("a/z.yaml"), "{}", errors[0]);
+}
+
+#[test]
+fn symlinked_directories_are_followed_without_looping() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    let shared = dir.path().join("elsewhere");
+    fs::create_dir(&shared).unwrap();
+    fs::write(shared.join("s.yaml"), rules_file("linked")).unwrap();
+    let rules = p.join("rules");
+    fs::create_dir_all(rules.join("sub")).unwrap();
+    fs::write(rules.join("sub").join("r.yaml"), rules_file("real")).unwrap();
+    symlink(&shared, rules.join("link")).unwrap();
+    // Loops back up the tree, and a second way to the same files.
+    symlink("..", rules.join("sub").join("up")).unwrap();
+    symlink("../link", rules.join("sub").join("again")).unwrap();
+
+    let set = load_paths(std::slice::from_ref(&rules)).unwrap_or_else(|e| panic!("{e:#?}"));
+    assert_eq!(domain_names(&set), ["linked", "real"]);
+    assert_eq!(
+        set.domain("linked").unwrap().source(),
+        rules.join("link/s.yaml").display().to_string()
+    );
+}
+
+#[test]
+fn file_named_twice_is_loaded_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    fs::write(p.join("one.yaml"), rules_file("one")).unwrap();
+    fs::write(p.join("two.yaml"), rules_file("two")).unwrap();
+    symlink("one.yaml", p.join("alias.yaml")).unwrap();
+    let one = p.join("one.yaml");
+    let set = load_paths(&[one.clone(), p.to_path_buf(), one.clone()])
+        .unwrap_or_else(|e| panic!("{e:#?}"));
+    assert_eq!(domain_names(&set), ["one", "two"]);
+    // Labelled by the first name it was reached by.
+    assert_eq!(
+        set.domain("one").unwrap().source(),
+        one.display().to_string()
+    );
+
+    let output = check_config(&[&one, p]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(stdout.matches("ok: domain 'one'").count(), 1, "{stdout}");
+}
+
+#[test]
+fn directory_without_rules_files_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    // Only things that are not rules files: still nothing to load.
+    let other = dir.path().join("other");
+    fs::create_dir_all(other.join("sub")).unwrap();
+    fs::create_dir_all(other.join(".hidden")).unwrap();
+    fs::write(other.join(".hidden").join("a.yaml"), rules_file("a")).unwrap();
+    fs::write(other.join("rules.json"), rules_file("b")).unwrap();
+    symlink("gone.yaml", other.join("dangling.yaml")).unwrap();
+    for path in [&empty, &other] {
+        let errors = load_paths(std::slice::from_ref(path)).unwrap_err();
+        let label = path.display().to_string();
+        assert_eq!(
+            errors,
+            [ConfigError {
+                file: label.clone(),
+                line: 0,
+                path: String::new(),
+                message: format!("no rules files (*.yaml, *.yml) found in {label}"),
+            }]
+        );
+    }
+    // Even beside a directory that has rules.
+    let good = dir.path().join("good");
+    fs::create_dir(&good).unwrap();
+    fs::write(good.join("g.yaml"), rules_file("g")).unwrap();
+    let errors = load_paths(&[good, empty.clone()]).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].file, empty.display().to_string());
+
+    let output = check_config(&[&empty]);
+    assert!(!output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no rules files"), "{stderr}");
 }
 
 #[test]

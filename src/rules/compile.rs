@@ -48,21 +48,27 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "burst",
 ];
 
-/// Loads every file named, and every `*.yaml`/`*.yml` file (not starting with
-/// `.`, symlinks followed) directly inside every directory named. Domains must
-/// be unique across all of them.
+/// Loads every file named, and every `*.yaml`/`*.yml` file anywhere below
+/// every directory named (like envoyproxy/ratelimit's loader, which walks the
+/// tree), skipping files and directories whose name starts with `.` and
+/// following symlinks. A file reached twice (named twice, or through two
+/// paths) is loaded once. A directory without any rules file is an error: an
+/// operator pointing at the wrong mount must not start a limiter that limits
+/// nothing. Domains must be unique across all the files.
 pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let mut files = Vec::new();
     for path in paths {
-        match list_files(path) {
-            Ok(found) => files.extend(found),
-            Err(e) => errors.push(e),
-        }
+        files.extend(list_files(path, &mut errors));
     }
+    let mut loaded = HashSet::new();
     let mut domains: Vec<Domain> = Vec::new();
     let mut seen: HashMap<String, String> = HashMap::new();
     for file in files {
+        // The same file named twice would otherwise be a duplicate of itself.
+        if !loaded.insert(fs::canonicalize(&file).unwrap_or_else(|_| file.clone())) {
+            continue;
+        }
         let label = file.display().to_string();
         let bytes = match fs::read(&file) {
             Ok(bytes) => bytes,
@@ -97,30 +103,77 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
     }
 }
 
-fn list_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+/// The rules files `path` names: itself when it is a file, else every rules
+/// file below it in path order. Problems are added to `errors`.
+fn list_files(path: &Path, errors: &mut Vec<ConfigError>) -> Vec<PathBuf> {
     let label = path.display().to_string();
-    let meta = fs::metadata(path).map_err(|e| file_error(&label, format!("cannot read: {e}")))?;
+    let meta = match fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) => {
+            errors.push(file_error(&label, format!("cannot read: {e}")));
+            return Vec::new();
+        }
+    };
     if !meta.is_dir() {
-        return Ok(vec![path.to_path_buf()]);
+        return vec![path.to_path_buf()];
     }
-    let entries =
-        fs::read_dir(path).map_err(|e| file_error(&label, format!("cannot list: {e}")))?;
     let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| file_error(&label, format!("cannot list: {e}")))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        // Kubernetes ConfigMap volumes keep the real files under `..data`;
-        // the visible names are symlinks into it, which `metadata` follows.
-        if name.starts_with('.') || !is_yaml {
-            continue;
-        }
-        if fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
-            files.push(entry.path());
-        }
+    let failed = errors.len();
+    walk(path, &mut HashSet::new(), &mut files, errors);
+    if files.is_empty() && errors.len() == failed {
+        errors.push(file_error(
+            &label,
+            format!("no rules files (*.yaml, *.yml) found in {label}"),
+        ));
     }
     files.sort();
-    Ok(files)
+    files
+}
+
+/// Adds the rules files below `dir` to `files`, depth first in name order.
+/// `visited` holds the canonical paths of the directories already walked, so
+/// that a symlink back up the tree cannot loop.
+fn walk(
+    dir: &Path,
+    visited: &mut HashSet<PathBuf>,
+    files: &mut Vec<PathBuf>,
+    errors: &mut Vec<ConfigError>,
+) {
+    if !visited.insert(fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())) {
+        return;
+    }
+    let label = dir.display().to_string();
+    let mut entries = match fs::read_dir(dir).and_then(Iterator::collect::<Result<Vec<_>, _>>) {
+        Ok(entries) => entries,
+        Err(e) => {
+            errors.push(file_error(&label, format!("cannot list: {e}")));
+            return;
+        }
+    };
+    entries.sort_by_key(fs::DirEntry::file_name);
+    for entry in entries {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // Hidden names are skipped. Kubernetes ConfigMap volumes keep the real
+        // files under `..data` and `..<timestamp>`; the visible names are
+        // symlinks into them, which `metadata` follows.
+        if name.starts_with('.') {
+            continue;
+        }
+        let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        let path = entry.path();
+        match fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => walk(&path, visited, files, errors),
+            Ok(meta) if meta.is_file() && is_yaml => files.push(path),
+            Ok(_) => {}
+            // A dangling symlink names no file.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if is_yaml => errors.push(file_error(
+                &path.display().to_string(),
+                format!("cannot read: {e}"),
+            )),
+            Err(_) => {}
+        }
+    }
 }
 
 fn file_error(file: &str, message: String) -> ConfigError {
@@ -176,7 +229,12 @@ pub fn parse_domain(file: &str, bytes: &[u8]) -> Result<Domain, Vec<ConfigError>
     };
     match domain {
         Some(domain) if compiler.errors.is_empty() => Ok(domain),
-        _ => Err(compiler.errors),
+        _ => {
+            // Found tree by tree; reported top to bottom.
+            let mut errors = compiler.errors;
+            errors.sort_by_key(|e| e.line);
+            Err(errors)
+        }
     }
 }
 
@@ -337,11 +395,13 @@ impl Compiler<'_> {
         let mut root = Level::default();
         let mut listed = true;
         if let Some(node) = map.get("descriptors") {
-            let parent = name.clone().unwrap_or_default();
-            match self.list(node, &parent, "descriptors") {
+            // `?` stands for a missing domain in the paths of the rules.
+            let parent = name.clone().filter(|n| !n.is_empty());
+            let parent = parent.as_deref().unwrap_or("?");
+            match self.list(node, parent, "descriptors") {
                 Some(items) => {
                     for item in items {
-                        self.descriptor(item, &parent, &mut root);
+                        self.descriptor(item, parent, &mut root);
                     }
                 }
                 None => listed = false,
@@ -368,7 +428,10 @@ impl Compiler<'_> {
         // Key and value first, so that every other error names this descriptor.
         let key = self.field(node, parent, "key");
         let value = self.field(node, parent, "value");
-        let path = if value.is_empty() {
+        // A descriptor without a key has no path of its own.
+        let path = if key.is_empty() {
+            parent.to_owned()
+        } else if value.is_empty() {
             format!("{parent}/{key}")
         } else {
             format!("{parent}/{key}={value}")
@@ -437,7 +500,10 @@ impl Compiler<'_> {
         path: &str,
         flags: &Flags,
     ) -> Option<Rule> {
-        let blocks: Vec<&Yaml> = match (map.get("rate_limit"), map.get("rate_limits")) {
+        // A null limit is no limit, as in envoyproxy/ratelimit: the
+        // descriptor whitelists.
+        let present = |name| map.get(name).filter(|node| !node.is_null());
+        let blocks: Vec<&Yaml> = match (present("rate_limit"), present("rate_limits")) {
             (None, None) => return None,
             (Some(_), Some(_)) => {
                 return self.fail(

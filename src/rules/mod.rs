@@ -221,7 +221,8 @@ impl fmt::Display for ConfigError {
 /// Where rules come from: files, directories of files, or built-in text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RulesSource {
-    /// Files and directories (every `*.yaml`/`*.yml` not starting with `.`).
+    /// Files and directories (every `*.yaml`/`*.yml` below, recursively,
+    /// skipping names that start with `.`).
     Paths(Vec<PathBuf>),
     /// The example rules compiled into the binary.
     Builtin,
