@@ -308,7 +308,7 @@ fn override_spec(requests: u32, unit: Unit) -> Result<LimitSpec, DecideError> {
 /// One descriptor's status from its limits' outcomes: the limit that rejected
 /// it, or else the one with the least headroom, is the one reported.
 fn status(limits: &[PlannedLimit<'_>], results: &[LimitOutcome], role: Role) -> Status {
-    let remaining = |i: usize| limits[i].spec.requests.saturating_sub(results[i].used);
+    let remaining = |i: usize| limits[i].spec.capacity().saturating_sub(results[i].used);
     let chosen = results
         .iter()
         .position(|r| r.over)

@@ -1647,27 +1647,56 @@ fn unknown_algorithm_is_an_error() {
     );
 }
 
+/// The limit spec that `a=x` matches.
+fn first_spec(text: &str) -> sluice::limiter::LimitSpec {
+    let domain = load(text);
+    domain
+        .find(&[Entry::new("a", "x")])
+        .expect("a limit for a=x")
+        .rule
+        .limits[0]
+        .spec
+}
+
 #[test]
-fn token_bucket_and_sliding_log_are_not_yet_available() {
+fn token_bucket_burst_defaults_to_the_limit_and_can_be_set() {
+    let base = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: minute\n      requests_per_unit: 60\n      algorithm: token_bucket\n";
+    let spec = first_spec(base);
+    assert_eq!(spec.window.algorithm, Algorithm::TokenBucket { burst: 60 });
+    assert_eq!(spec.capacity(), 60);
+    let spec = first_spec(&format!("{base}      burst: 5\n"));
+    assert_eq!(spec.window.algorithm, Algorithm::TokenBucket { burst: 5 });
+    assert_eq!((spec.requests, spec.capacity()), (60, 5));
+}
+
+#[test]
+fn sliding_log_loads_and_is_capped_in_size() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: 2s\n      requests_per_unit: 1\n      algorithm: sliding_log\n";
+    assert_eq!(first_spec(text).window.algorithm, Algorithm::SlidingLog);
+    let big = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 10001\n      algorithm: sliding_log\n";
+    assert_error(
+        &only_error(big),
+        7,
+        "d/a",
+        "requests_per_unit must be at most 10000",
+    );
+}
+
+#[test]
+fn token_bucket_and_sliding_log_take_no_precision_and_burst_is_positive() {
     for algorithm in ["token_bucket", "sliding_log"] {
         let text = format!(
-            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: {algorithm}\n"
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: {algorithm}\n      precision: 100ms\n"
         );
         assert_error(
             &only_error(&text),
-            7,
+            8,
             "d/a",
-            "not available in this version",
+            "'precision' applies only to algorithm sliding_window",
         );
     }
-    // With a burst, the error is still about the algorithm, not the burst.
-    let burst = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: token_bucket\n      burst: 5\n";
-    assert_error(
-        &only_error(burst),
-        7,
-        "d/a",
-        "'token_bucket' is not available",
-    );
+    let zero = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: token_bucket\n      burst: 0\n";
+    assert_error(&only_error(zero), 8, "d/a", "'burst' must be at least 1");
 }
 
 #[test]

@@ -55,6 +55,26 @@ pub fn fixed(requests: u64, duration_ms: u64) -> LimitSpec {
     }
 }
 
+pub fn bucket(requests: u64, duration_ms: u64, burst: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::TokenBucket { burst },
+        },
+    }
+}
+
+pub fn log(requests: u64, duration_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::SlidingLog,
+        },
+    }
+}
+
 pub fn item(name: &str, limits: &[LimitSpec], hits: u64, role: Role) -> BatchItem {
     let mut identity = IdentityBuilder::new("conformance");
     identity.value("id", name);
@@ -368,6 +388,124 @@ mod cases {
         assert!(o.limits.iter().all(|x| x.used == 1));
     }
 
+    pub async fn token_bucket_admits_the_burst_then_one_per_interval<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = bucket(10, 1_000, 3); // a token every 100 ms, at most 3
+        for n in 1..=3 {
+            let o = apply(s, vec![item("tb", &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (true, n));
+        }
+        let o = apply(s, vec![item("tb", &[l], 1, Enforce)]).await;
+        assert_eq!(summary(&o), [(3, true, 100)]);
+        assert!(!o.admitted);
+        c.set(T0 + 99);
+        assert!(!apply(s, vec![item("tb", &[l], 1, Enforce)]).await.admitted);
+        c.set(T0 + 100);
+        assert!(apply(s, vec![item("tb", &[l], 1, Enforce)]).await.admitted);
+        c.set(T0 + 400);
+        assert_eq!(used(s, "tb", l).await, 0, "full again");
+        let o = apply(s, vec![item("tb", &[l], 3, Enforce)]).await;
+        assert_eq!(
+            (o.admitted, o.limits[0].used),
+            (true, 3),
+            "a weight takes several tokens"
+        );
+    }
+
+    pub async fn token_bucket_keeps_fractional_intervals_exact<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = bucket(7, 1_000, 1); // 142 857.14… µs per token
+        let interval = 1_000_000.0 / 7.0;
+        // The theoretical arrival time, whole µs; a request fits from then on.
+        let mut tat = (T0 * 1_000) as f64;
+        for k in 0..20 {
+            let due = (tat / 1_000.0).ceil() as u64;
+            if k > 0 {
+                c.set(due - 1);
+                let early = apply(s, vec![item("frac", &[l], 1, Enforce)]).await;
+                assert!(!early.admitted, "token {k} admitted a millisecond early");
+            }
+            c.set(due);
+            assert!(
+                apply(s, vec![item("frac", &[l], 1, Enforce)])
+                    .await
+                    .admitted,
+                "token {k} on time"
+            );
+            tat = (tat.max((due * 1_000) as f64) + interval).round_ties_even();
+        }
+    }
+
+    pub async fn sliding_log_counts_each_hit_for_exactly_one_window<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = log(3, 1_000);
+        c.set(T0 + 100);
+        apply(s, vec![item("log", &[l], 1, Enforce)]).await;
+        c.set(T0 + 600);
+        apply(s, vec![item("log", &[l], 2, Enforce)]).await;
+        c.set(T0 + 1_099);
+        let o = apply(s, vec![item("log", &[l], 1, Enforce)]).await;
+        assert_eq!(summary(&o), [(3, true, 1)]);
+        c.set(T0 + 1_100);
+        let o = apply(s, vec![item("log", &[l], 1, Enforce)]).await;
+        assert_eq!(summary(&o), [(3, false, 500)]);
+        c.set(T0 + 1_600);
+        assert_eq!(used(s, "log", l).await, 1);
+    }
+
+    pub async fn sliding_log_never_holds_more_than_the_limit<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = log(3, 1_000);
+        for t in 0..10 {
+            c.set(T0 + t);
+            // Shadow mode admits beyond the limit; the log keeps the newest 3.
+            assert!(
+                apply(s, vec![item("shadowed", &[l], 1, Shadow)])
+                    .await
+                    .admitted
+            );
+        }
+        assert_eq!(used(s, "shadowed", l).await, 3);
+        c.set(T0 + 1_007);
+        assert_eq!(
+            used(s, "shadowed", l).await,
+            2,
+            "the oldest kept hit was from t0+7"
+        );
+    }
+
+    pub async fn a_sliding_log_enforces_an_exact_minimum_gap<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let limits = [sliding(10, 60_000, 6_000), log(1, 2_000)];
+        assert!(
+            apply(s, vec![item("gap", &limits, 1, Enforce)])
+                .await
+                .admitted
+        );
+        c.set(T0 + 1_999);
+        assert!(
+            !apply(s, vec![item("gap", &limits, 1, Enforce)])
+                .await
+                .admitted
+        );
+        c.set(T0 + 2_000);
+        assert!(
+            apply(s, vec![item("gap", &limits, 1, Enforce)])
+                .await
+                .admitted
+        );
+    }
+
     pub async fn quota_items_in_different_slots_are_refunded_together<S: CounterStore>(
         s: &S,
         _: &ManualClock,
@@ -447,6 +585,11 @@ suite!(
     a_long_idle_counter_is_forgotten,
     many_identities_one_of_them_full_counts_nothing,
     quota_items_in_different_slots_are_refunded_together,
+    token_bucket_admits_the_burst_then_one_per_interval,
+    token_bucket_keeps_fractional_intervals_exact,
+    sliding_log_counts_each_hit_for_exactly_one_window,
+    sliding_log_never_holds_more_than_the_limit,
+    a_sliding_log_enforces_an_exact_minimum_gap,
 );
 
 /// Random request sequences give identical outcomes in memory and in Redis.
@@ -467,6 +610,10 @@ mod equivalence {
             sliding(3, 600, 600),
             fixed(5, 500),
             sliding(20, 3_000, 250),
+            bucket(5, 1_000, 3),
+            bucket(3, 700, 1),
+            log(4, 700),
+            log(2, 300),
         ]
     }
 
@@ -475,7 +622,7 @@ mod equivalence {
             prop_oneof![6 => Just(Role::Enforce), 1 => Just(Role::Shadow), 1 => Just(Role::Quota)];
         let one = (
             0..4usize,
-            prop::collection::vec(0..4usize, 1..=2),
+            prop::collection::vec(0..8usize, 1..=3),
             0..=4u64,
             role,
         );

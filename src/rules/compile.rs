@@ -11,6 +11,7 @@ use super::duration::{parse_duration, parse_unit};
 use super::wildcard::Pattern;
 use super::yaml::{self, Kind, Node as Yaml};
 use super::{ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
+use crate::limiter::algorithm::MAX_LOG_ENTRIES;
 use crate::limiter::{Algorithm, LimitSpec, Role, Window};
 
 /// Buckets per window when `precision` is not given: the largest divisor of the
@@ -611,7 +612,7 @@ impl Compiler<'_> {
             Some(n) => self.integer(n, path, "requests_per_unit", u64::from(u32::MAX)),
             None => self.fail(node.line, path, "'requests_per_unit' is required"),
         };
-        let algorithm = self.algorithm(&map, path, window.map(|(ms, _)| ms));
+        let algorithm = self.algorithm(&map, path, window.map(|(ms, _)| ms), requests);
         let (duration_ms, reported) = window?;
         let (requests, algorithm, name, replaces) = (requests?, algorithm?, name?, replaces?);
         Some(Parsed::Limit(Limit {
@@ -635,6 +636,7 @@ impl Compiler<'_> {
         map: &HashMap<&str, &Yaml>,
         path: &str,
         duration_ms: Option<u64>,
+        requests: Option<u64>,
     ) -> Option<Algorithm> {
         let (name, line) = match map.get("algorithm") {
             Some(a) => (self.string(a, path, "algorithm")?, a.line),
@@ -679,11 +681,33 @@ impl Compiler<'_> {
                 Some(node) => self.fail(node.line, path, "'precision' applies only to algorithm sliding_window"),
                 None => Some(Algorithm::FixedWindow),
             },
-            "token_bucket" | "sliding_log" => self.fail(
-                line,
-                path,
-                format!("algorithm '{name}' is not available in this version (use sliding_window or fixed_window)"),
-            ),
+            "token_bucket" => {
+                if let Some(node) = precision {
+                    return self.fail(node.line, path, "'precision' applies only to algorithm sliding_window");
+                }
+                // The burst defaults to the limit: a full window's worth at once.
+                let burst = match map.get("burst") {
+                    Some(node) => match self.integer(node, path, "burst", u64::from(u32::MAX))? {
+                        0 => return self.fail(node.line, path, "'burst' must be at least 1"),
+                        burst => burst,
+                    },
+                    None => requests?,
+                };
+                Some(Algorithm::TokenBucket { burst })
+            }
+            "sliding_log" => {
+                if let Some(node) = precision {
+                    return self.fail(node.line, path, "'precision' applies only to algorithm sliding_window");
+                }
+                if requests? > MAX_LOG_ENTRIES {
+                    return self.fail(
+                        line,
+                        path,
+                        format!("sliding_log keeps one entry per hit: requests_per_unit must be at most {MAX_LOG_ENTRIES} (use sliding_window for larger limits)"),
+                    );
+                }
+                Some(Algorithm::SlidingLog)
+            }
             other => self.fail(
                 line,
                 path,

@@ -19,7 +19,7 @@ use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
-use crate::limiter::{Clock, CounterKey, Millis, State, admits};
+use crate::limiter::{Clock, CounterKey, LimitSpec, Millis, State, admits};
 
 /// Counters sampled when a full shard must make room.
 const EVICTION_SAMPLES: usize = 8;
@@ -102,7 +102,7 @@ impl MemoryStore {
             shard
                 .lock()
                 .counters
-                .retain(|_, state| state.expires_at() > now);
+                .retain(|key, state| state.expires_at(&key.window) > now);
         }
     }
 
@@ -152,9 +152,18 @@ impl MemoryStore {
             for limit in &item.limits {
                 let (key, shard) = &counters[index];
                 let shard = &mut guards[guard(*shard)];
-                let used = shard.counters.get_mut(key).map_or(0, |s| s.used(now));
                 let pending: u64 = batch_hits_before(batch, &counters, index, key);
-                let over = used + pending + item.hits > limit.requests;
+                let (used, fits) = match shard.counters.get_mut(key) {
+                    Some(state) => {
+                        let used = state.used(limit, now);
+                        (used, state.fits(limit, now, used, pending + item.hits))
+                    }
+                    None => (
+                        0,
+                        State::new(limit).fits(limit, now, 0, pending + item.hits),
+                    ),
+                };
+                let over = !fits;
                 item_over |= over;
                 checked.push((used, pending, over));
                 index += 1;
@@ -172,13 +181,13 @@ impl MemoryStore {
                 let shard = &mut *guards[guard(*shard)];
                 let (before, pending, over) = checked[index];
                 let reset_ms = if admitted && item.hits > 0 {
-                    let state = shard.entry(key, &counters, now, self);
-                    state.add(now, item.hits);
-                    state.reset_ms(now)
+                    let state = shard.entry(key, limit, &counters, now, self);
+                    state.add(limit, now, item.hits);
+                    state.reset_ms(limit, now)
                 } else {
                     shard.counters.get(key).map_or_else(
-                        || State::new(limit.window).reset_ms(now),
-                        |s| s.reset_ms(now),
+                        || State::new(limit).reset_ms(limit, now),
+                        |s| s.reset_ms(limit, now),
                     )
                 };
                 let used = counted_used(admitted, before, pending, item.hits);
@@ -223,6 +232,7 @@ impl Shard {
     fn entry(
         &mut self,
         key: &CounterKey,
+        limit: &LimitSpec,
         batch: &[(CounterKey, usize)],
         now: Millis,
         store: &MemoryStore,
@@ -232,7 +242,7 @@ impl Shard {
         }
         self.counters
             .entry(key.clone())
-            .or_insert_with(|| State::new(key.window))
+            .or_insert_with(|| State::new(limit))
     }
 
     fn evict_one(&mut self, batch: &[(CounterKey, usize)], now: Millis, store: &MemoryStore) {
@@ -247,7 +257,7 @@ impl Shard {
             if batch.iter().any(|(k, _)| k == key) {
                 continue;
             }
-            let expires = state.expires_at();
+            let expires = state.expires_at(&key.window);
             if victim.is_none_or(|(_, best)| expires < best) {
                 victim = Some((i, expires));
             }

@@ -26,7 +26,7 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
-use crate::limiter::{Algorithm, Clock, Role, admits};
+use crate::limiter::{Algorithm, Clock, LimitSpec, Role, admits};
 
 const DECIDE: &str = include_str!("redis/decide.lua");
 const REFUND: &str = include_str!("redis/refund.lua");
@@ -364,13 +364,7 @@ impl RedisStore {
                 Value::from(item.limits.len() as i64),
             ]);
             for limit in &item.limits {
-                let (algorithm, precision) = algorithm_args(limit.window.algorithm);
-                args.extend([
-                    Value::from(i64::try_from(limit.requests).unwrap_or(i64::MAX)),
-                    Value::from(i64::try_from(limit.window.duration_ms).unwrap_or(i64::MAX)),
-                    Value::from(algorithm),
-                    Value::from(precision),
-                ]);
+                args.extend(limit_args(limit));
             }
         }
         let reply = self
@@ -399,13 +393,22 @@ fn hits(hits: u64) -> Value {
     Value::from(i64::try_from(hits).unwrap_or(i64::MAX))
 }
 
-fn algorithm_args(algorithm: Algorithm) -> (i64, i64) {
-    match algorithm {
-        Algorithm::SlidingWindow { precision_ms } => {
-            (0, i64::try_from(precision_ms).unwrap_or(i64::MAX))
-        }
+/// `requests, duration_ms, algorithm, param` of one limit, as both scripts
+/// take them.
+fn limit_args(limit: &LimitSpec) -> [Value; 4] {
+    let int = |n: u64| Value::from(i64::try_from(n).unwrap_or(i64::MAX));
+    let (algorithm, param) = match limit.window.algorithm {
+        Algorithm::SlidingWindow { precision_ms } => (0, precision_ms),
         Algorithm::FixedWindow => (1, 0),
-    }
+        Algorithm::TokenBucket { burst } => (2, burst),
+        Algorithm::SlidingLog => (3, 0),
+    };
+    [
+        int(limit.requests),
+        int(limit.window.duration_ms),
+        Value::from(algorithm),
+        int(param),
+    ]
 }
 
 impl CounterStore for RedisStore {
@@ -499,45 +502,29 @@ impl CounterStore for RedisStore {
 }
 
 impl RedisStore {
-    /// Takes back the hits of every item whose group counted it.
+    /// Takes back the hits of every item whose group counted it: one call
+    /// per slot, since a script may only touch keys of one slot.
     async fn refund(&self, batch: &Batch, keys: &[String], per_item: &[Option<ItemPart>]) {
-        let mut refund_keys = Vec::new();
-        let mut args = Vec::new();
+        let mut by_slot: Vec<(u16, Vec<String>, Vec<Value>)> = Vec::new();
         for (i, outcome) in per_item.iter().enumerate() {
-            let Some((limits, true)) = outcome else {
+            let Some((answers, true)) = outcome else {
                 continue;
             };
             let item = &batch.items[i];
-            refund_keys.push(keys[i].clone());
-            args.push(Value::from(limits.len() as i64));
-            for (limit, answer) in item.limits.iter().zip(limits) {
-                let (algorithm, precision) = algorithm_args(limit.window.algorithm);
-                args.extend([
-                    Value::from(i64::try_from(limit.window.duration_ms).unwrap_or(i64::MAX)),
-                    Value::from(algorithm),
-                    Value::from(precision),
-                    Value::from(answer.slot),
-                    hits(item.hits),
-                ]);
-            }
-        }
-        // One call per slot: a script may only touch keys of one slot.
-        let mut by_slot: Vec<(u16, Vec<String>, Vec<Value>)> = Vec::new();
-        let mut offset = 0;
-        for key in refund_keys {
-            let count = match &args[offset] {
-                Value::Integer(n) => usize::try_from(*n).unwrap_or(0),
-                _ => 0,
-            };
-            let item_args = args[offset..offset + 1 + 5 * count].to_vec();
-            offset += 1 + 5 * count;
-            let slot = fred::util::redis_keyslot(key.as_bytes());
-            match by_slot.iter_mut().find(|(s, _, _)| *s == slot) {
-                Some((_, k, a)) => {
-                    k.push(key);
-                    a.extend(item_args);
+            let slot = fred::util::redis_keyslot(keys[i].as_bytes());
+            let group = match by_slot.iter().position(|(s, _, _)| *s == slot) {
+                Some(g) => g,
+                None => {
+                    by_slot.push((slot, Vec::new(), Vec::new()));
+                    by_slot.len() - 1
                 }
-                None => by_slot.push((slot, vec![key], item_args)),
+            };
+            let (_, group_keys, args) = &mut by_slot[group];
+            group_keys.push(keys[i].clone());
+            args.push(Value::from(answers.len() as i64));
+            for (limit, answer) in item.limits.iter().zip(answers) {
+                args.extend(limit_args(limit));
+                args.extend([Value::from(answer.slot), hits(item.hits)]);
             }
         }
         let calls = by_slot
@@ -555,7 +542,7 @@ impl RedisStore {
 type ItemPart = (Vec<Answer>, bool);
 
 /// Values per limit in a decide.lua reply.
-const ANSWER_LEN: usize = 5;
+const ANSWER_LEN: usize = 6;
 
 /// One limit's answer from decide.lua.
 #[derive(Clone, Copy, Debug)]
@@ -563,7 +550,10 @@ struct Answer {
     before: u64,
     pending: u64,
     over: bool,
-    reset_ms: u64,
+    /// Until headroom grows, before this request was counted.
+    reset_before: u64,
+    /// The same after it was counted (equal when nothing was counted).
+    reset_after: u64,
     /// The bucket or window the hits went to, for a refund.
     slot: i64,
 }
@@ -573,7 +563,7 @@ impl Answer {
         LimitOutcome {
             used: counted_used(admitted, self.before, self.pending, hits),
             over: self.over,
-            reset_ms: self.reset_ms,
+            reset_ms: if admitted { self.reset_after } else { self.reset_before },
         }
     }
 }
@@ -585,8 +575,9 @@ fn answers(reply: &[i64]) -> impl Iterator<Item = Answer> + '_ {
         before: count(v[0]),
         pending: count(v[1]),
         over: v[2] == 1,
-        reset_ms: count(v[3]),
-        slot: v[4],
+        reset_before: count(v[3]),
+        reset_after: count(v[4]),
+        slot: v[5],
     })
 }
 

@@ -1,28 +1,31 @@
 //! Fixed windows aligned to the Unix epoch: envoyproxy/ratelimit's counting.
 
 use super::{signed, unsigned};
-use crate::limiter::Millis;
+use crate::limiter::{LimitSpec, Millis, Window};
 
 /// One counter for the current window `[index·d, (index+1)·d)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FixedWindow {
-    duration_ms: i64,
     index: i64,
     hits: u64,
 }
 
-impl FixedWindow {
-    /// An empty counter for windows of `duration_ms` (> 0).
-    pub fn new(duration_ms: u64) -> Self {
+impl Default for FixedWindow {
+    fn default() -> Self {
         Self {
-            duration_ms: signed(duration_ms.max(1)),
             index: i64::MIN,
             hits: 0,
         }
     }
+}
 
-    fn roll(&mut self, now: Millis) {
-        let index = signed(now).div_euclid(self.duration_ms);
+fn duration(window: &Window) -> i64 {
+    signed(window.duration_ms.max(1))
+}
+
+impl FixedWindow {
+    fn roll(&mut self, spec: &LimitSpec, now: Millis) {
+        let index = signed(now).div_euclid(duration(&spec.window));
         if index != self.index {
             self.index = index;
             self.hits = 0;
@@ -30,32 +33,32 @@ impl FixedWindow {
     }
 
     /// Hits counted in the window containing `now`.
-    pub fn used(&mut self, now: Millis) -> u64 {
-        self.roll(now);
+    pub fn used(&mut self, spec: &LimitSpec, now: Millis) -> u64 {
+        self.roll(spec, now);
         self.hits
     }
 
     /// Counts `hits` in the window containing `now`.
-    pub fn add(&mut self, now: Millis, hits: u64) {
-        self.roll(now);
+    pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
+        self.roll(spec, now);
         self.hits = self.hits.saturating_add(hits);
     }
 
     /// Until the end of the window containing `now`.
-    pub fn reset_ms(&self, now: Millis) -> u64 {
-        let now = signed(now);
-        unsigned((now.div_euclid(self.duration_ms) + 1) * self.duration_ms - now)
+    pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
+        let (now, d) = (signed(now), duration(&spec.window));
+        unsigned((now.div_euclid(d) + 1) * d - now)
     }
 
     /// The end of the counted window.
-    pub fn expires_at(&self) -> Millis {
+    pub fn expires_at(&self, window: &Window) -> Millis {
         if self.hits == 0 {
             return 0;
         }
         unsigned(
             self.index
                 .saturating_add(1)
-                .saturating_mul(self.duration_ms),
+                .saturating_mul(duration(window)),
         )
     }
 }
@@ -63,22 +66,31 @@ impl FixedWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Algorithm;
+
+    const MINUTE: LimitSpec = LimitSpec {
+        requests: 10,
+        window: Window {
+            duration_ms: 60_000,
+            algorithm: Algorithm::FixedWindow,
+        },
+    };
 
     #[test]
     fn counts_reset_at_epoch_aligned_boundaries() {
-        let mut w = FixedWindow::new(60_000);
-        w.add(59_000, 5);
-        assert_eq!(w.used(59_999), 5);
-        assert_eq!(w.reset_ms(59_000), 1_000);
-        assert_eq!(w.used(60_000), 0);
-        assert_eq!(w.reset_ms(60_000), 60_000);
+        let mut w = FixedWindow::default();
+        w.add(&MINUTE, 59_000, 5);
+        assert_eq!(w.used(&MINUTE, 59_999), 5);
+        assert_eq!(w.reset_ms(&MINUTE, 59_000), 1_000);
+        assert_eq!(w.used(&MINUTE, 60_000), 0);
+        assert_eq!(w.reset_ms(&MINUTE, 60_000), 60_000);
     }
 
     #[test]
     fn expires_at_window_end_once_used() {
-        let mut w = FixedWindow::new(1_000);
-        assert_eq!(w.expires_at(), 0);
-        w.add(2_500, 1);
-        assert_eq!(w.expires_at(), 3_000);
+        let mut w = FixedWindow::default();
+        assert_eq!(w.expires_at(&MINUTE.window), 0);
+        w.add(&MINUTE, 62_500, 1);
+        assert_eq!(w.expires_at(&MINUTE.window), 120_000);
     }
 }

@@ -1,18 +1,25 @@
 //! The counting algorithms, as pure state machines over explicit time.
 //!
-//! Each state answers three questions at `now`: how many weighted hits are in
-//! the window (`used`), when headroom next grows (`reset_ms`), and when the
-//! state has decayed to nothing (`expires_at`, so stores can drop it). The
-//! Redis script implements the same arithmetic; the store conformance suite
-//! keeps the two identical.
+//! A [`State`] holds only what changes with traffic; the limit it is checked
+//! against ([`LimitSpec`]) is passed to every call, so a reload that changes
+//! `requests_per_unit` never leaves stale parameters inside a counter. Each
+//! state answers four questions at `now`: how much of the limit is in use
+//! (`used`), what a hit does (`add`), when headroom next grows (`reset_ms`),
+//! and when the state has decayed to nothing (`expires_at`, so stores can drop
+//! it). The Redis script implements the same arithmetic (IEEE doubles on both
+//! sides); the store conformance suite keeps the two identical.
 
 mod fixed_window;
+mod sliding_log;
 mod sliding_window;
+mod token_bucket;
 
 pub use fixed_window::FixedWindow;
+pub use sliding_log::{MAX_LOG_ENTRIES, SlidingLog};
 pub use sliding_window::SlidingWindow;
+pub use token_bucket::TokenBucket;
 
-use super::{Millis, Window};
+use super::{LimitSpec, Millis, Window};
 
 /// How hits are counted over a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,6 +32,13 @@ pub enum Algorithm {
     },
     /// Windows aligned to the Unix epoch, as envoyproxy/ratelimit counts.
     FixedWindow,
+    /// GCRA: tokens refill at `requests` per window, up to `burst`.
+    TokenBucket {
+        /// Most tokens held, i.e. the largest burst admitted at once.
+        burst: u64,
+    },
+    /// Exact: one entry per admitted hit within the window.
+    SlidingLog,
 }
 
 impl Algorithm {
@@ -33,60 +47,93 @@ impl Algorithm {
         match self {
             Algorithm::SlidingWindow { .. } => "sliding_window",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::SlidingLog => "sliding_log",
+        }
+    }
+}
+
+impl LimitSpec {
+    /// The most that can be in use at once: the burst of a token bucket, the
+    /// number of requests per window otherwise. `remaining = capacity − used`.
+    pub fn capacity(&self) -> u64 {
+        match self.window.algorithm {
+            Algorithm::TokenBucket { burst } => burst,
+            _ => self.requests,
         }
     }
 }
 
 /// The counting state of one counter.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum State {
     /// See [`SlidingWindow`].
     Sliding(SlidingWindow),
     /// See [`FixedWindow`].
     Fixed(FixedWindow),
+    /// See [`TokenBucket`].
+    Bucket(TokenBucket),
+    /// See [`SlidingLog`].
+    Log(SlidingLog),
 }
 
 impl State {
-    /// An empty state for `window`.
-    pub fn new(window: Window) -> Self {
-        match window.algorithm {
-            Algorithm::SlidingWindow { precision_ms } => {
-                State::Sliding(SlidingWindow::new(window.duration_ms, precision_ms))
-            }
-            Algorithm::FixedWindow => State::Fixed(FixedWindow::new(window.duration_ms)),
+    /// An empty state for limits counted like `spec`.
+    pub fn new(spec: &LimitSpec) -> Self {
+        match spec.window.algorithm {
+            Algorithm::SlidingWindow { .. } => State::Sliding(SlidingWindow::default()),
+            Algorithm::FixedWindow => State::Fixed(FixedWindow::default()),
+            Algorithm::TokenBucket { .. } => State::Bucket(TokenBucket::default()),
+            Algorithm::SlidingLog => State::Log(SlidingLog::default()),
         }
     }
 
-    /// Forgets what has left the window at `now` and returns the weighted
-    /// hits still counted in it.
-    pub fn used(&mut self, now: Millis) -> u64 {
+    /// Forgets what no longer counts at `now` and returns how much of the
+    /// capacity is in use.
+    pub fn used(&mut self, spec: &LimitSpec, now: Millis) -> u64 {
         match self {
-            State::Sliding(s) => s.used(now),
-            State::Fixed(f) => f.used(now),
+            State::Sliding(s) => s.used(spec, now),
+            State::Fixed(s) => s.used(spec, now),
+            State::Bucket(s) => s.used(spec, now),
+            State::Log(s) => s.used(spec, now),
+        }
+    }
+
+    /// Whether `hits` more fit at `now` (after [`State::used`] returned `used`).
+    pub fn fits(&self, spec: &LimitSpec, now: Millis, used: u64, hits: u64) -> bool {
+        match self {
+            State::Bucket(s) => s.fits(spec, now, hits),
+            _ => used + hits <= spec.requests,
         }
     }
 
     /// Counts `hits` at `now`.
-    pub fn add(&mut self, now: Millis, hits: u64) {
+    pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
         match self {
-            State::Sliding(s) => s.add(now, hits),
-            State::Fixed(f) => f.add(now, hits),
+            State::Sliding(s) => s.add(spec, now, hits),
+            State::Fixed(s) => s.add(spec, now, hits),
+            State::Bucket(s) => s.add(spec, now, hits),
+            State::Log(s) => s.add(spec, now, hits),
         }
     }
 
     /// Milliseconds from `now` until headroom next grows.
-    pub fn reset_ms(&self, now: Millis) -> u64 {
+    pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
         match self {
-            State::Sliding(s) => s.reset_ms(now),
-            State::Fixed(f) => f.reset_ms(now),
+            State::Sliding(s) => s.reset_ms(spec, now),
+            State::Fixed(s) => s.reset_ms(spec, now),
+            State::Bucket(s) => s.reset_ms(spec, now),
+            State::Log(s) => s.reset_ms(spec, now),
         }
     }
 
     /// The instant from which this state counts nothing; a store may drop it then.
-    pub fn expires_at(&self) -> Millis {
+    pub fn expires_at(&self, window: &Window) -> Millis {
         match self {
-            State::Sliding(s) => s.expires_at(),
-            State::Fixed(f) => f.expires_at(),
+            State::Sliding(s) => s.expires_at(window),
+            State::Fixed(s) => s.expires_at(window),
+            State::Bucket(s) => s.expires_at(),
+            State::Log(s) => s.expires_at(window),
         }
     }
 }

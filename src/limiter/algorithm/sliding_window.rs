@@ -17,43 +17,38 @@
 
 use std::collections::VecDeque;
 
-use super::{signed, unsigned};
-use crate::limiter::Millis;
+use super::{Algorithm, signed, unsigned};
+use crate::limiter::{LimitSpec, Millis, Window};
 
 /// Buckets of one sliding-window counter.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SlidingWindow {
-    duration_ms: i64,
-    precision_ms: i64,
     /// Non-empty buckets, oldest first, as `(time / precision, hits)`.
     buckets: VecDeque<(i64, u64)>,
     /// Sum of the hits in `buckets`, kept so a check does not walk them.
     total: u64,
 }
 
+/// `(duration, precision)` of `window` in milliseconds, precision in
+/// `1..=duration`.
+fn shape(window: &Window) -> (i64, i64) {
+    let duration = window.duration_ms.max(1);
+    let precision = match window.algorithm {
+        Algorithm::SlidingWindow { precision_ms } => precision_ms.clamp(1, duration),
+        _ => duration,
+    };
+    (signed(duration), signed(precision))
+}
+
 impl SlidingWindow {
-    /// An empty counter; `precision_ms` must be in `1..=duration_ms`.
-    pub fn new(duration_ms: u64, precision_ms: u64) -> Self {
-        let precision_ms = precision_ms.clamp(1, duration_ms.max(1));
-        Self {
-            duration_ms: signed(duration_ms.max(1)),
-            precision_ms: signed(precision_ms),
-            buckets: VecDeque::new(),
-            total: 0,
-        }
-    }
-
-    /// The index of the bucket straddling `now − duration`, and how many of its
-    /// milliseconds are still inside the window (in `1..=precision`).
-    fn oldest_live(&self, now: Millis) -> (i64, i64) {
-        let start = signed(now) - self.duration_ms;
-        let index = start.div_euclid(self.precision_ms);
-        (index, (index + 1) * self.precision_ms - start)
-    }
-
     /// Drops buckets that left the window and returns the interpolated count.
-    pub fn used(&mut self, now: Millis) -> u64 {
-        let (oldest, inside) = self.oldest_live(now);
+    pub fn used(&mut self, spec: &LimitSpec, now: Millis) -> u64 {
+        let (d, p) = shape(&spec.window);
+        // The bucket straddling `now − d`, and how many of its milliseconds
+        // are still inside the window (in `1..=p`).
+        let start = signed(now) - d;
+        let oldest = start.div_euclid(p);
+        let inside = (oldest + 1) * p - start;
         while let Some(&(index, hits)) = self.buckets.front() {
             if index >= oldest {
                 break;
@@ -63,7 +58,7 @@ impl SlidingWindow {
         }
         match self.buckets.front() {
             Some(&(index, hits)) if index == oldest => {
-                self.total - hits + interpolate(hits, inside, self.precision_ms)
+                self.total - hits + interpolate(hits, inside, p)
             }
             _ => self.total,
         }
@@ -71,11 +66,11 @@ impl SlidingWindow {
 
     /// Counts `hits` in the bucket of `now`. A clock that stepped back adds to
     /// the newest bucket instead, so buckets stay ordered.
-    pub fn add(&mut self, now: Millis, hits: u64) {
+    pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
         if hits == 0 {
             return;
         }
-        let index = signed(now).div_euclid(self.precision_ms);
+        let index = signed(now).div_euclid(shape(&spec.window).1);
         match self.buckets.back_mut() {
             Some((newest, count)) if *newest >= index => *count = count.saturating_add(hits),
             _ => self.buckets.push_back((index, hits)),
@@ -85,19 +80,21 @@ impl SlidingWindow {
 
     /// Until the oldest counted bucket leaves the window (for an empty counter:
     /// until a hit made now would leave it).
-    pub fn reset_ms(&self, now: Millis) -> u64 {
+    pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
+        let (d, p) = shape(&spec.window);
         let index = self
             .buckets
             .front()
-            .map_or_else(|| signed(now).div_euclid(self.precision_ms), |&(i, _)| i);
-        unsigned((index + 1) * self.precision_ms + self.duration_ms - signed(now))
+            .map_or_else(|| signed(now).div_euclid(p), |&(i, _)| i);
+        unsigned((index + 1) * p + d - signed(now))
     }
 
     /// When the newest bucket leaves the window.
-    pub fn expires_at(&self) -> Millis {
-        self.buckets.back().map_or(0, |&(index, _)| {
-            unsigned((index + 1) * self.precision_ms + self.duration_ms)
-        })
+    pub fn expires_at(&self, window: &Window) -> Millis {
+        let (d, p) = shape(window);
+        self.buckets
+            .back()
+            .map_or(0, |&(index, _)| unsigned((index + 1) * p + d))
     }
 }
 
@@ -115,52 +112,67 @@ fn interpolate(hits: u64, inside: i64, precision: i64) -> u64 {
 mod tests {
     use super::*;
 
+    fn spec(duration_ms: u64, precision_ms: u64) -> LimitSpec {
+        LimitSpec {
+            requests: 100,
+            window: Window {
+                duration_ms,
+                algorithm: Algorithm::SlidingWindow { precision_ms },
+            },
+        }
+    }
+
     #[test]
     fn buckets_inside_the_window_count_fully() {
-        let mut w = SlidingWindow::new(10_000, 1_000);
-        w.add(10_000, 3);
-        w.add(15_500, 4);
-        assert_eq!(w.used(19_999), 7);
+        let s = spec(10_000, 1_000);
+        let mut w = SlidingWindow::default();
+        w.add(&s, 10_000, 3);
+        w.add(&s, 15_500, 4);
+        assert_eq!(w.used(&s, 19_999), 7);
     }
 
     #[test]
     fn straddling_bucket_is_interpolated_and_rounded_up() {
-        let mut w = SlidingWindow::new(10_000, 1_000);
-        w.add(10_000, 10); // bucket [10 000, 11 000)
+        let s = spec(10_000, 1_000);
+        let mut w = SlidingWindow::default();
+        w.add(&s, 10_000, 10); // bucket [10 000, 11 000)
         // At 20 250 the window starts at 10 250: 750 ms of the bucket are inside.
-        assert_eq!(w.used(20_250), 8); // ceil(10 × 0.75)
+        assert_eq!(w.used(&s, 20_250), 8); // ceil(10 × 0.75)
         // At 20 999 one millisecond is inside.
-        assert_eq!(w.used(20_999), 1);
+        assert_eq!(w.used(&s, 20_999), 1);
         // At 21 000 the bucket has left the window.
-        assert_eq!(w.expires_at(), 21_000);
-        assert_eq!(w.used(21_000), 0);
-        assert_eq!(w.expires_at(), 0);
+        assert_eq!(w.expires_at(&s.window), 21_000);
+        assert_eq!(w.used(&s, 21_000), 0);
+        assert_eq!(w.expires_at(&s.window), 0);
     }
 
     #[test]
     fn precision_equal_to_duration_is_the_two_window_counter() {
-        let mut w = SlidingWindow::new(60_000, 60_000);
-        w.add(0, 60); // previous minute
-        w.add(60_000, 10); // current minute
+        let s = spec(60_000, 60_000);
+        let mut w = SlidingWindow::default();
+        w.add(&s, 0, 60); // previous minute
+        w.add(&s, 60_000, 10); // current minute
         // 15 s into the current minute, 45 s of the previous one are inside.
-        assert_eq!(w.used(75_000), 10 + 45);
+        assert_eq!(w.used(&s, 75_000), 10 + 45);
     }
 
     #[test]
     fn reset_is_when_the_oldest_bucket_leaves() {
-        let mut w = SlidingWindow::new(10_000, 1_000);
-        assert_eq!(w.reset_ms(5_300), 10_700);
-        w.add(5_300, 1);
-        w.add(8_000, 1);
-        assert_eq!(w.reset_ms(9_000), 6_000 + 10_000 - 9_000);
+        let s = spec(10_000, 1_000);
+        let mut w = SlidingWindow::default();
+        assert_eq!(w.reset_ms(&s, 5_300), 10_700);
+        w.add(&s, 5_300, 1);
+        w.add(&s, 8_000, 1);
+        assert_eq!(w.reset_ms(&s, 9_000), 6_000 + 10_000 - 9_000);
     }
 
     #[test]
     fn a_clock_stepping_back_adds_to_the_newest_bucket() {
-        let mut w = SlidingWindow::new(10_000, 1_000);
-        w.add(5_000, 1);
-        w.add(4_000, 1);
-        assert_eq!(w.used(5_000), 2);
-        assert_eq!(w.expires_at(), 16_000);
+        let s = spec(10_000, 1_000);
+        let mut w = SlidingWindow::default();
+        w.add(&s, 5_000, 1);
+        w.add(&s, 4_000, 1);
+        assert_eq!(w.used(&s, 5_000), 2);
+        assert_eq!(w.expires_at(&s.window), 16_000);
     }
 }

@@ -14,28 +14,38 @@ ARGV[2]   "all":  every item of the request is in this call; admission is
                   is counted when none of its enforcing items is over, and
                   the caller decides overall (and refunds what it must).
 Then, per item, in KEYS order: role (0 enforce, 1 shadow, 2 quota), hits,
-number of limits; and per limit: requests, duration_ms, algorithm
-(0 sliding_window, 1 fixed_window), precision_ms (0 for fixed_window).
+number of limits; and per limit: requests, duration_ms, algorithm, param:
+  0 sliding_window  param = precision_ms
+  1 fixed_window    param = 0
+  2 token_bucket    param = burst
+  3 sliding_log     param = 0
 
-Reply: { applied (1|0), now, then per limit: used, pending, over (1|0), reset_ms, slot }
-  used     weighted hits in the window before this request
+Reply: { applied (1|0), now, then per limit:
+         used, pending, over, reset_before, reset_after, slot }
+  used     how much of the limit is in use before this request
   pending  hits of earlier limits of this request on the same counter
-  over     used + pending + hits > requests
-  slot     the bucket or window index the hits went to (-1 if none), for refunds
+  over     1 if this limit's hits (with the pending ones) do not fit
+  reset_*  ms until headroom next grows, before this request and after it
+           (the caller of a refunded part reports the former)
+  slot     where the hits went (bucket, window, or log time; -1 if none),
+           for refund.lua
 
-Fields of a HASH, per limit (D = duration_ms, P = precision_ms):
-  sliding_window  "D:P:<bucket>" hits of a non-empty bucket (bucket = time / P)
-                  "D:P:t" sum of the buckets, "D:P:o" oldest bucket, "D:P:n" newest
+Fields of a HASH, per limit (D = duration_ms):
+  sliding_window  "D:P:<bucket>" hits of a non-empty bucket (bucket = time / P),
+                  "D:P:t" their sum, "D:P:o" oldest bucket, "D:P:n" newest
   fixed_window    "D:f:w" window index (time / D), "D:f:c" hits in it
-  "x"             when the HASH may expire (ms, script time). The TTL is moved
-                  only when a limit needs it longer: once per bucket or window,
-                  never on every hit.
-Cost: one call does O(limits) work plus, per sliding limit, at most one step
-per bucket that left the window since the previous call — bounded by the
-window's bucket count, never by the request rate.
+  token_bucket    "D:b<burst>:a" theoretical arrival time, whole µs
+  sliding_log     "D:l:e" entries "time:hits,time:hits,…", oldest first
+  "x"             when the HASH may expire (ms). The TTL is moved only when a
+                  limit needs it longer, never on every hit.
+
+Cost: one HMGET and one HSET per key; a sliding window adds one bounded
+HMGET and one HDEL when buckets leave its window (once per bucket), and a
+sliding log parses at most `requests` entries. Never proportional to the
+request rate.
 ]]
 
-local floor, ceil = math.floor, math.ceil
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 
 local now
 if ARGV[1] == '' then
@@ -46,10 +56,47 @@ else
 end
 local whole = ARGV[2] == 'all'
 
--- Parse the request.
-local items, limits, a = {}, {}, 3
+local function num(s)
+  return string.format('%.0f', s)
+end
+
+-- Round half to even, as Rust's f64::round_ties_even.
+local function round_even(x)
+  local f = floor(x)
+  local r = x - f
+  if r > 0.5 or (r == 0.5 and f % 2 == 1) then
+    f = f + 1
+  end
+  return f
+end
+
+-- Per key: fields to read, states to fill, and writes to make at the end.
+local keys, by_key = {}, {}
+local function key_state(key)
+  local k = by_key[key]
+  if not k then
+    k = { key = key, fields = { 'x' }, readers = {}, set = {}, del = {}, expiry = 0 }
+    by_key[key] = k
+    keys[#keys + 1] = k
+  end
+  return k
+end
+
+local function want(k, field, reader)
+  k.fields[#k.fields + 1] = field
+  k.readers[#k.fields] = reader
+end
+
+local function write(k, field, value)
+  k.set[#k.set + 1] = field
+  k.set[#k.set + 1] = value
+end
+
+-- Parse the request and plan the reads: one state per distinct counter.
+local items, limits, states, a = {}, {}, {}, 3
 for i = 1, #KEYS do
-  local item = { key = KEYS[i], role = tonumber(ARGV[a]), hits = tonumber(ARGV[a + 1]), limits = {} }
+  local k = key_state(KEYS[i])
+  local item = { k = k, role = tonumber(ARGV[a]), hits = tonumber(ARGV[a + 1]), limits = {} }
   local count = tonumber(ARGV[a + 2])
   a = a + 3
   for _ = 1, count do
@@ -57,72 +104,196 @@ for i = 1, #KEYS do
       item = item,
       requests = tonumber(ARGV[a]),
       d = tonumber(ARGV[a + 1]),
-      sliding = ARGV[a + 2] == '0',
-      p = tonumber(ARGV[a + 3]),
+      alg = tonumber(ARGV[a + 2]),
+      param = tonumber(ARGV[a + 3]),
     }
     a = a + 4
+    local f
+    if l.alg == 0 then
+      f = l.d .. ':' .. l.param .. ':'
+    elseif l.alg == 1 then
+      f = l.d .. ':f:'
+    elseif l.alg == 2 then
+      f = l.d .. ':b' .. l.param .. ':'
+    else
+      f = l.d .. ':l:'
+    end
+    local id = KEYS[i] .. '\n' .. f
+    local st = states[id]
+    if not st then
+      st = { f = f, k = k, alg = l.alg, d = l.d, param = l.param, requests = l.requests, pending = 0 }
+      states[id] = st
+      if st.alg == 0 then
+        local p = st.param
+        st.p = p
+        st.oldest = floor((now - st.d) / p)
+        st.cur = floor(now / p)
+        st.buckets = {}
+        want(k, f .. 't', function(v) st.t = tonumber(v) or 0 end)
+        want(k, f .. 'o', function(v) st.o = tonumber(v) end)
+        want(k, f .. 'n', function(v) st.n = tonumber(v) end)
+        want(k, f .. st.oldest, function(v) st.buckets[st.oldest] = tonumber(v) end)
+        want(k, f .. st.cur, function(v) st.buckets[st.cur] = tonumber(v) end)
+      elseif st.alg == 1 then
+        want(k, f .. 'w', function(v) st.w = tonumber(v) end)
+        want(k, f .. 'c', function(v) st.c = tonumber(v) or 0 end)
+      elseif st.alg == 2 then
+        want(k, f .. 'a', function(v) st.tat = tonumber(v) or 0 end)
+      else
+        want(k, f .. 'e', function(v) st.raw = v end)
+      end
+    end
+    l.st = st
     item.limits[#item.limits + 1] = l
     limits[#limits + 1] = l
   end
   items[i] = item
 end
 
--- The state of one counter, loaded once per call and shared by every limit
--- of the request that names the same counter.
-local states = {}
-
-local function sliding_load(key, d, p)
-  local f = d .. ':' .. p .. ':'
-  local s = redis.call('HMGET', key, f .. 't', f .. 'o', f .. 'n')
-  local st = { f = f, t = tonumber(s[1]) or 0, o = tonumber(s[2]), n = tonumber(s[3]) }
-  local oldest = floor((now - d) / p)
-  if st.t > 0 and st.o < oldest then
-    -- Forget buckets that left the window (at most one per bucket of it).
-    for b = st.o, math.min(oldest - 1, st.n) do
-      local c = redis.call('HGET', key, f .. b)
-      if c then
-        st.t = st.t - tonumber(c)
-        redis.call('HDEL', key, f .. b)
-      end
+-- Read: one HMGET per key.
+for _, k in ipairs(keys) do
+  local values = redis.call('HMGET', k.key, unpack(k.fields))
+  k.x = tonumber(values[1]) or 0
+  for j = 2, #k.fields do
+    local v = values[j]
+    if v == false then
+      v = nil
     end
-    if st.t > 0 then
-      for b = oldest, st.n do
-        if redis.call('HEXISTS', key, f .. b) == 1 then
-          st.o = b
-          break
-        end
-      end
-      redis.call('HSET', key, f .. 't', st.t, f .. 'o', st.o)
-    else
-      st.t, st.o, st.n = 0, nil, nil
-      redis.call('HDEL', key, f .. 't', f .. 'o', f .. 'n')
-    end
+    k.readers[j](v)
   end
-  return st
 end
 
-local function sliding_used(key, st, d, p)
+-- Bring every state to `now` and compute what is in use.
+local function sliding_used(st)
+  local k, f, p, d = st.k, st.f, st.p, st.d
+  if st.t > 0 and st.o < st.oldest then
+    -- Buckets left the window: read the whole span once, drop the old ones,
+    -- and find the oldest that remains (at most one bucket per bucket of the
+    -- window since the previous call).
+    local names = {}
+    for b = st.o, st.n do
+      names[#names + 1] = f .. b
+    end
+    local counts = redis.call('HMGET', k.key, unpack(names))
+    local first = nil
+    for j, b in ipairs(names) do
+      local c = tonumber(counts[j])
+      local index = st.o + j - 1
+      if c then
+        if index < st.oldest then
+          st.t = st.t - c
+          k.del[#k.del + 1] = b
+        elseif not first then
+          first = index
+        end
+      end
+    end
+    if st.t > 0 and first then
+      st.o = first
+      write(k, f .. 't', st.t)
+      write(k, f .. 'o', st.o)
+    else
+      st.t, st.o, st.n = 0, nil, nil
+      k.del[#k.del + 1] = f .. 't'
+      k.del[#k.del + 1] = f .. 'o'
+      k.del[#k.del + 1] = f .. 'n'
+    end
+  end
   if st.t == 0 then
     return 0
   end
-  local oldest = floor((now - d) / p)
-  local inside = (oldest + 1) * p - (now - d)
-  if st.o == oldest and inside < p then
-    local c = tonumber(redis.call('HGET', key, st.f .. st.o))
+  local inside = (st.oldest + 1) * p - (now - d)
+  local c = st.buckets[st.oldest]
+  if st.o == st.oldest and c and inside < p then
     return st.t - c + ceil(c * inside / p)
   end
   return st.t
 end
 
-local function fixed_load(key, d)
-  local f = d .. ':f:'
-  local s = redis.call('HMGET', key, f .. 'w', f .. 'c')
-  local w = floor(now / d)
-  local c = 0
-  if tonumber(s[1]) == w then
-    c = tonumber(s[2]) or 0
+-- Entries still in the window, without the oldest hits beyond the limit
+-- (only shadow or quota mode log beyond it). Trimmed here, not when adding,
+-- so that refund.lua can take back exactly what an add put in.
+local function log_parse(st)
+  st.times, st.hits, st.total = {}, {}, 0
+  if st.raw then
+    local start = now - st.d
+    for t, h in string.gmatch(st.raw, '(%d+):(%d+)') do
+      t, h = tonumber(t), tonumber(h)
+      if t > start then
+        st.times[#st.times + 1] = t
+        st.hits[#st.hits + 1] = h
+        st.total = st.total + h
+      else
+        st.dirty = true
+      end
+    end
   end
-  return { f = f, w = w, c = c }
+  while st.total > st.requests and #st.times > 0 do
+    local excess = st.total - st.requests
+    st.dirty = true
+    if st.hits[1] <= excess then
+      st.total = st.total - st.hits[1]
+      table.remove(st.times, 1)
+      table.remove(st.hits, 1)
+    else
+      st.hits[1] = st.hits[1] - excess
+      st.total = st.total - excess
+    end
+  end
+  return st.total
+end
+
+for _, st in pairs(states) do
+  if st.alg == 0 then
+    st.used = sliding_used(st)
+  elseif st.alg == 1 then
+    if st.w ~= floor(now / st.d) then
+      st.c = 0
+    end
+    st.used = st.c
+  elseif st.alg == 2 then
+    st.used = 0 -- per limit: it depends on the limit's own numbers
+  else
+    st.used = log_parse(st)
+  end
+end
+
+-- Token buckets depend on the limit's own numbers: one interval per limit.
+local function interval(l)
+  if l.requests > 0 then
+    return (l.d * 1000) / l.requests
+  end
+  return nil
+end
+
+local function bucket_used(l)
+  local T = interval(l)
+  if not T then
+    return 0
+  end
+  local ahead = l.st.tat - now * 1000
+  if ahead <= 0 then
+    return 0
+  end
+  return min(ceil(ahead / T), l.st.param)
+end
+
+local function fits(l, hits)
+  local st = l.st
+  if st.alg == 2 then
+    if hits == 0 then
+      return true
+    end
+    local T = interval(l)
+    if not T then
+      return false
+    end
+    -- Relative to now, as Rust does: the difference of two whole-µs times is
+    -- exact, while adding a fractional interval to a 1.7e15 µs time rounds.
+    local ahead = max(st.tat, now * 1000) - now * 1000
+    return ahead + hits * T <= st.param * T
+  end
+  return l.used + hits <= l.requests
 end
 
 -- Pass 1: check every limit as if every earlier limit of the request had
@@ -131,25 +302,14 @@ local enforce_over, quota_seen, quota_all_over = false, false, true
 for _, item in ipairs(items) do
   local item_over = false
   for _, l in ipairs(item.limits) do
-    local id = item.key .. '\n' .. l.d .. ':' .. (l.sliding and l.p or 'f')
-    local st = states[id]
-    if not st then
-      if l.sliding then
-        st = sliding_load(item.key, l.d, l.p)
-      else
-        st = fixed_load(item.key, l.d)
-      end
-      st.pending = 0
-      if l.sliding then
-        st.used = sliding_used(item.key, st, l.d, l.p)
-      else
-        st.used = st.c
-      end
-      states[id] = st
+    local st = l.st
+    if st.alg == 2 then
+      l.used = bucket_used(l)
+    else
+      l.used = st.used
     end
-    l.st = st
     l.pending = st.pending
-    l.over = st.used + st.pending + item.hits > l.requests
+    l.over = not fits(l, st.pending + item.hits)
     st.pending = st.pending + item.hits
     item_over = item_over or l.over
   end
@@ -165,62 +325,134 @@ if whole and quota_seen and quota_all_over then
   applied = false
 end
 
--- Pass 2: count everything, or nothing.
-local expiry = {}
-local reply = { applied and 1 or 0, now }
-for _, l in ipairs(limits) do
-  local st, item, slot = l.st, l.item, -1
-  local key, hits = item.key, item.hits
-  if applied and hits > 0 then
-    if l.sliding then
-      local b = floor(now / l.p)
-      if st.t > 0 and st.n >= b then
-        b = st.n -- the clock stepped back: add to the newest bucket
-      end
-      redis.call('HINCRBY', key, st.f .. b, hits)
-      if st.t == 0 then
-        st.o = b
-      end
-      st.n, st.t, slot = b, st.t + hits, b
-      redis.call('HSET', key, st.f .. 't', st.t, st.f .. 'o', st.o, st.f .. 'n', st.n)
+-- Pass 2: count everything, or nothing, and report.
+local function add(l, hits)
+  local st, k = l.st, l.st.k
+  if st.alg == 0 then
+    local b = st.cur
+    if st.t > 0 and st.n >= b then
+      b = st.n -- the clock stepped back: add to the newest bucket
+    end
+    local c = st.buckets[b]
+    if c == nil and st.t > 0 and b ~= st.cur then
+      c = tonumber(redis.call('HGET', k.key, st.f .. b))
+    end
+    c = (c or 0) + hits
+    st.buckets[b] = c
+    if st.t == 0 then
+      st.o = b
+    end
+    st.n, st.t = b, st.t + hits
+    write(k, st.f .. b, c)
+    write(k, st.f .. 't', st.t)
+    write(k, st.f .. 'o', st.o)
+    write(k, st.f .. 'n', st.n)
+    return b, (st.n + 1) * st.p + st.d
+  elseif st.alg == 1 then
+    st.w = floor(now / st.d)
+    st.c = st.c + hits
+    write(k, st.f .. 'w', st.w)
+    write(k, st.f .. 'c', st.c)
+    return st.w, (st.w + 1) * st.d
+  elseif st.alg == 2 then
+    local T = interval(l)
+    if not T then
+      return -1, 0
+    end
+    st.tat = round_even(max(st.tat, now * 1000) + hits * T)
+    write(k, st.f .. 'a', num(st.tat))
+    return 0, ceil(st.tat / 1000)
+  else
+    local last = #st.times
+    local t = now
+    if last > 0 and st.times[last] >= now then
+      t = st.times[last]
+      st.hits[last] = st.hits[last] + hits
     else
-      st.c, slot = st.c + hits, st.w
-      redis.call('HSET', key, st.f .. 'w', st.w, st.f .. 'c', st.c)
+      st.times[last + 1] = now
+      st.hits[last + 1] = hits
     end
-    local until_ms
-    if l.sliding then
-      until_ms = (st.n + 1) * l.p + l.d
-    else
-      until_ms = (st.w + 1) * l.d
-    end
-    if until_ms > (expiry[key] or 0) then
-      expiry[key] = until_ms
-    end
+    st.total = st.total + hits
+    st.dirty = true
+    return t, st.times[#st.times] + st.d
   end
-  local reset
-  if l.sliding then
+end
+
+local function reset(l)
+  local st = l.st
+  if st.alg == 0 then
     local b = st.o
     if st.t == 0 then
-      b = floor(now / l.p)
+      b = st.cur
     end
-    reset = (b + 1) * l.p + l.d - now
+    return (b + 1) * st.p + st.d - now
+  elseif st.alg == 1 then
+    return (floor(now / st.d) + 1) * st.d - now
+  elseif st.alg == 2 then
+    local T = interval(l)
+    local ahead = st.tat - now * 1000
+    if not T or ahead <= 0 then
+      return 0
+    end
+    return ceil((ahead - (ceil(ahead / T) - 1) * T) / 1000)
   else
-    reset = (floor(now / l.d) + 1) * l.d - now
+    local oldest = st.times[1] or now
+    return oldest + st.d - now
   end
-  reply[#reply + 1] = st.used
+end
+
+local reset_before = {}
+for j, l in ipairs(limits) do
+  reset_before[j] = reset(l)
+end
+
+local reply = { applied and 1 or 0, now }
+for j, l in ipairs(limits) do
+  local slot, hits = -1, l.item.hits
+  if applied and hits > 0 then
+    local until_ms
+    slot, until_ms = add(l, hits)
+    local k = l.st.k
+    if until_ms > k.expiry then
+      k.expiry = until_ms
+    end
+  end
+  reply[#reply + 1] = l.used
   reply[#reply + 1] = l.pending
   reply[#reply + 1] = l.over and 1 or 0
-  reply[#reply + 1] = reset
+  reply[#reply + 1] = reset_before[j]
+  reply[#reply + 1] = reset(l)
   reply[#reply + 1] = slot
 end
 
-for key, until_ms in pairs(expiry) do
-  local current = tonumber(redis.call('HGET', key, 'x')) or 0
-  if until_ms > current then
+-- Sliding logs are written once, whatever changed them.
+for _, st in pairs(states) do
+  if st.alg == 3 and st.dirty then
+    if #st.times > 0 then
+      local parts = {}
+      for j = 1, #st.times do
+        parts[j] = string.format('%d:%d', st.times[j], st.hits[j])
+      end
+      write(st.k, st.f .. 'e', table.concat(parts, ','))
+    else
+      st.k.del[#st.k.del + 1] = st.f .. 'e'
+    end
+  end
+end
+
+-- Write: at most one HDEL, one HSET and one PEXPIRE per key.
+for _, k in ipairs(keys) do
+  if #k.del > 0 then
+    redis.call('HDEL', k.key, unpack(k.del))
+  end
+  if k.expiry > k.x then
     -- One second of slack covers clock differences between replicas in
     -- "local" time mode.
-    redis.call('PEXPIRE', key, until_ms - now + 1000)
-    redis.call('HSET', key, 'x', until_ms)
+    write(k, 'x', k.expiry)
+    redis.call('PEXPIRE', k.key, k.expiry - now + 1000)
+  end
+  if #k.set > 0 then
+    redis.call('HSET', k.key, unpack(k.set))
   end
 end
 

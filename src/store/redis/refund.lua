@@ -3,15 +3,85 @@ request as a whole was rejected by another slot of a Redis Cluster.
 
 KEYS[i]   the HASH of the i-th identity to refund.
 ARGV      per item, in KEYS order: number of limits; then per limit:
-          duration_ms, algorithm (0 sliding_window, 1 fixed_window),
-          precision_ms, slot (the bucket or window index decide.lua
-          returned), hits.
+          requests, duration_ms, algorithm, param (as in decide.lua), slot
+          (what decide.lua returned), hits.
 Reply:    the number of limits refunded.
 
-A bucket that already left the window has nothing left to refund. Emptied
-buckets are deleted and the oldest/newest markers kept exact, so the state is
-as if the hits had never been counted.
+Hits already gone from the window have nothing left to refund. Emptied
+buckets and log entries are deleted and the markers kept exact, so the state
+is as if the hits had never been counted (a token bucket gets its tokens
+back).
 ]]
+
+local floor = math.floor
+
+local function round_even(x)
+  local f = floor(x)
+  local r = x - f
+  if r > 0.5 or (r == 0.5 and f % 2 == 1) then
+    f = f + 1
+  end
+  return f
+end
+
+local function sliding(key, f, slot, hits)
+  local c = tonumber(redis.call('HGET', key, f .. slot))
+  if not c then
+    return 0
+  end
+  local take = math.min(c, hits)
+  local s = redis.call('HMGET', key, f .. 't', f .. 'o', f .. 'n')
+  local t, o, n = tonumber(s[1]) - take, tonumber(s[2]), tonumber(s[3])
+  if c - take > 0 then
+    redis.call('HSET', key, f .. slot, c - take, f .. 't', t)
+  elseif t <= 0 then
+    redis.call('HDEL', key, f .. slot, f .. 't', f .. 'o', f .. 'n')
+  else
+    redis.call('HDEL', key, f .. slot)
+    if slot == o then
+      for b = o + 1, n do
+        if redis.call('HEXISTS', key, f .. b) == 1 then
+          o = b
+          break
+        end
+      end
+    end
+    if slot == n then
+      for b = n - 1, o, -1 do
+        if redis.call('HEXISTS', key, f .. b) == 1 then
+          n = b
+          break
+        end
+      end
+    end
+    redis.call('HSET', key, f .. 't', t, f .. 'o', o, f .. 'n', n)
+  end
+  return 1
+end
+
+local function log(key, f, slot, hits)
+  local raw = redis.call('HGET', key, f .. 'e')
+  if not raw then
+    return 0
+  end
+  local parts, done = {}, 0
+  for t, h in string.gmatch(raw, '(%d+):(%d+)') do
+    t, h = tonumber(t), tonumber(h)
+    if t == slot and done == 0 then
+      h = h - math.min(h, hits)
+      done = 1
+    end
+    if h > 0 then
+      parts[#parts + 1] = string.format('%d:%d', t, h)
+    end
+  end
+  if #parts > 0 then
+    redis.call('HSET', key, f .. 'e', table.concat(parts, ','))
+  else
+    redis.call('HDEL', key, f .. 'e')
+  end
+  return done
+end
 
 local refunded, a = 0, 1
 for i = 1, #KEYS do
@@ -19,51 +89,28 @@ for i = 1, #KEYS do
   local count = tonumber(ARGV[a])
   a = a + 1
   for _ = 1, count do
-    local d, sliding, p = ARGV[a], ARGV[a + 1] == '0', ARGV[a + 2]
-    local slot, hits = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-    a = a + 5
-    if sliding then
-      local f = d .. ':' .. p .. ':'
-      local c = tonumber(redis.call('HGET', key, f .. slot))
-      if c then
-        local take = math.min(c, hits)
-        local s = redis.call('HMGET', key, f .. 't', f .. 'o', f .. 'n')
-        local t, o, n = tonumber(s[1]) - take, tonumber(s[2]), tonumber(s[3])
-        if c - take > 0 then
-          redis.call('HINCRBY', key, f .. slot, -take)
-          redis.call('HSET', key, f .. 't', t)
-        elseif t <= 0 then
-          redis.call('HDEL', key, f .. slot, f .. 't', f .. 'o', f .. 'n')
-        else
-          redis.call('HDEL', key, f .. slot)
-          if slot == o then
-            for b = o + 1, n do
-              if redis.call('HEXISTS', key, f .. b) == 1 then
-                o = b
-                break
-              end
-            end
-          end
-          if slot == n then
-            for b = n - 1, o, -1 do
-              if redis.call('HEXISTS', key, f .. b) == 1 then
-                n = b
-                break
-              end
-            end
-          end
-          redis.call('HSET', key, f .. 't', t, f .. 'o', o, f .. 'n', n)
-        end
-        refunded = refunded + 1
-      end
-    else
+    local requests, d, alg, param = tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+    local slot, hits = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+    a = a + 6
+    if alg == '0' then
+      refunded = refunded + sliding(key, d .. ':' .. param .. ':', slot, hits)
+    elseif alg == '1' then
       local f = d .. ':f:'
       local s = redis.call('HMGET', key, f .. 'w', f .. 'c')
       if tonumber(s[1]) == slot then
-        local c = math.max(0, (tonumber(s[2]) or 0) - hits)
-        redis.call('HSET', key, f .. 'c', c)
+        redis.call('HSET', key, f .. 'c', math.max(0, (tonumber(s[2]) or 0) - hits))
         refunded = refunded + 1
       end
+    elseif alg == '2' then
+      local f = d .. ':b' .. param .. ':'
+      local tat = tonumber(redis.call('HGET', key, f .. 'a'))
+      if tat and requests > 0 then
+        local T = (tonumber(d) * 1000) / requests
+        redis.call('HSET', key, f .. 'a', string.format('%.0f', round_even(math.max(0, tat - hits * T))))
+        refunded = refunded + 1
+      end
+    else
+      refunded = refunded + log(key, d .. ':l:', slot, hits)
     end
   end
 end
