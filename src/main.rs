@@ -65,7 +65,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 format!("binding {} and {}", settings.grpc_addr, settings.http_addr)
             })?;
         let shutdown = CancellationToken::new();
-        tokio::spawn(stop_on_signal(shutdown.clone()));
+        stop_on_signal(shutdown.clone())?;
         let started = |store: &str| -> anyhow::Result<()> {
             tracing::info!(
                 grpc = %listeners.grpc_addr()?,
@@ -123,23 +123,22 @@ async fn sweep(limiter: Arc<Limiter<MemoryStore>>, shutdown: CancellationToken) 
     }
 }
 
-/// Cancels `shutdown` on SIGTERM or Ctrl-C.
-async fn stop_on_signal(shutdown: CancellationToken) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut term) = signal(SignalKind::terminate()) else {
-            return;
-        };
+/// Cancels `shutdown` on SIGTERM or SIGINT. The handlers are installed
+/// before this returns, so a signal sent as soon as the service says it is
+/// listening is never lost to the default action.
+fn stop_on_signal(shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-    tracing::info!("shutting down");
-    shutdown.cancel();
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    });
+    Ok(())
 }
 
 fn check_config(args: &CheckConfigArgs) -> ExitCode {

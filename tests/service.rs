@@ -728,3 +728,75 @@ async fn an_overlong_domain_is_invalid_argument() {
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("domain"), "{}", err.message());
 }
+
+/// The README's "at most 10 per minute and at least 2 seconds between
+/// requests" rules, word for word.
+const MINIMUM_GAP: &str = r#"
+domain: gap
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: minute, requests_per_unit: 10}
+      - {unit: 2s, requests_per_unit: 1, algorithm: sliding_log}
+"#;
+
+#[tokio::test]
+async fn the_minimum_gap_example_allows_ten_per_minute_two_seconds_apart() {
+    let h = Harness::new(MINIMUM_GAP);
+    let call = || request("gap", &[&[("api_key", "k")]]);
+    let mut admitted = Vec::new();
+    // Try every 500 ms for 3 minutes.
+    for step in 0..360u64 {
+        h.clock.set(T0 + step * 500);
+        if h.ok(call()).await.overall_code == OK {
+            admitted.push(step * 500);
+        }
+    }
+    for pair in admitted.windows(2) {
+        assert!(pair[1] - pair[0] >= 2_000, "{} ms apart", pair[1] - pair[0]);
+    }
+    for (i, &t) in admitted.iter().enumerate() {
+        let in_minute = admitted[i..]
+            .iter()
+            .take_while(|&&u| u < t + 60_000)
+            .count();
+        assert!(in_minute <= 10, "{in_minute} in the minute from {t}");
+    }
+    // Exactly 2 s apart while the minute allows, so the first 10 come at 0, 2, …, 18 s.
+    assert_eq!(
+        &admitted[..10],
+        &(0..10).map(|i| i * 2_000).collect::<Vec<_>>()[..]
+    );
+    assert!(
+        admitted.len() >= 25,
+        "admissions resume as the minute slides: {}",
+        admitted.len()
+    );
+}
+
+#[tokio::test]
+async fn token_bucket_reports_tokens_as_remaining_and_the_next_token_as_reset() {
+    let h = Harness::new(
+        "domain: tb\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 3}\n",
+    );
+    let call = || request("tb", &[&[("k", "v")]]);
+    for remaining in [2, 1, 0] {
+        let r = h.ok(call()).await;
+        assert_eq!(
+            (r.overall_code, status(&r, 0).limit_remaining),
+            (OK, remaining)
+        );
+        assert_eq!(limit_of(&r, 0), (10, Unit::Second, String::new()));
+    }
+    let r = h.ok(call()).await;
+    assert_eq!(
+        (
+            r.overall_code,
+            status(&r, 0).limit_remaining,
+            reset_ms(&r, 0)
+        ),
+        (OVER, 0, 100)
+    );
+    h.clock.advance(100);
+    assert_eq!(h.ok(call()).await.overall_code, OK);
+}

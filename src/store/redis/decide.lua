@@ -75,16 +75,11 @@ local keys, by_key = {}, {}
 local function key_state(key)
   local k = by_key[key]
   if not k then
-    k = { key = key, fields = { 'x' }, readers = {}, set = {}, del = {}, expiry = 0 }
+    k = { key = key, fields = { 'x' }, states = {}, set = {}, del = {}, expiry = 0 }
     by_key[key] = k
     keys[#keys + 1] = k
   end
   return k
-end
-
-local function want(k, field, reader)
-  k.fields[#k.fields + 1] = field
-  k.readers[#k.fields] = reader
 end
 
 local function write(k, field, value)
@@ -121,26 +116,25 @@ for i = 1, #KEYS do
     local id = KEYS[i] .. '\n' .. f
     local st = states[id]
     if not st then
-      st = { f = f, k = k, alg = l.alg, d = l.d, param = l.param, requests = l.requests, pending = 0 }
+      -- `at`: where this state's fields start in its key's HMGET reply.
+      local fields = k.fields
+      st = { f = f, k = k, alg = l.alg, d = l.d, param = l.param, requests = l.requests, pending = 0, at = #fields + 1 }
       states[id] = st
+      k.states[#k.states + 1] = st
+      local n = #fields
       if st.alg == 0 then
         local p = st.param
         st.p = p
         st.oldest = floor((now - st.d) / p)
         st.cur = floor(now / p)
-        st.buckets = {}
-        want(k, f .. 't', function(v) st.t = tonumber(v) or 0 end)
-        want(k, f .. 'o', function(v) st.o = tonumber(v) end)
-        want(k, f .. 'n', function(v) st.n = tonumber(v) end)
-        want(k, f .. st.oldest, function(v) st.buckets[st.oldest] = tonumber(v) end)
-        want(k, f .. st.cur, function(v) st.buckets[st.cur] = tonumber(v) end)
+        fields[n + 1], fields[n + 2], fields[n + 3] = f .. 't', f .. 'o', f .. 'n'
+        fields[n + 4], fields[n + 5] = f .. st.oldest, f .. st.cur
       elseif st.alg == 1 then
-        want(k, f .. 'w', function(v) st.w = tonumber(v) end)
-        want(k, f .. 'c', function(v) st.c = tonumber(v) or 0 end)
+        fields[n + 1], fields[n + 2] = f .. 'w', f .. 'c'
       elseif st.alg == 2 then
-        want(k, f .. 'a', function(v) st.tat = tonumber(v) or 0 end)
+        fields[n + 1] = f .. 'a'
       else
-        want(k, f .. 'e', function(v) st.raw = v end)
+        fields[n + 1] = f .. 'e'
       end
     end
     l.st = st
@@ -150,16 +144,22 @@ for i = 1, #KEYS do
   items[i] = item
 end
 
--- Read: one HMGET per key.
+-- Read: one HMGET per key; each state takes its values by position.
 for _, k in ipairs(keys) do
-  local values = redis.call('HMGET', k.key, unpack(k.fields))
-  k.x = tonumber(values[1]) or 0
-  for j = 2, #k.fields do
-    local v = values[j]
-    if v == false then
-      v = nil
+  local v = redis.call('HMGET', k.key, unpack(k.fields))
+  k.x = tonumber(v[1]) or 0
+  for _, st in ipairs(k.states) do
+    local i = st.at
+    if st.alg == 0 then
+      st.t, st.o, st.n = tonumber(v[i]) or 0, tonumber(v[i + 1]), tonumber(v[i + 2])
+      st.buckets = { [st.oldest] = tonumber(v[i + 3]), [st.cur] = tonumber(v[i + 4]) }
+    elseif st.alg == 1 then
+      st.w, st.c = tonumber(v[i]), tonumber(v[i + 1]) or 0
+    elseif st.alg == 2 then
+      st.tat = tonumber(v[i]) or 0
+    elseif v[i] then
+      st.raw = v[i]
     end
-    k.readers[j](v)
   end
 end
 
