@@ -418,12 +418,12 @@ mod cases {
         s: &S,
         c: &ManualClock,
     ) {
-        let l = bucket(7, 1_000, 1); // 142 857.14… µs per token
-        let interval = 1_000_000.0 / 7.0;
-        // The theoretical arrival time, whole µs; a request fits from then on.
-        let mut tat = (T0 * 1_000) as f64;
-        for k in 0..20 {
-            let due = (tat / 1_000.0).ceil() as u64;
+        let l = bucket(7, 1_000, 1); // a token every 142.857… ms
+        // The arrival time as whole ms plus ticks of 1/7 ms: a token is
+        // exactly 1 000 ticks. A request fits from that time on.
+        let (mut base, mut ticks) = (T0, 0u64);
+        for k in 0..30 {
+            let due = base + u64::from(ticks > 0);
             if k > 0 {
                 c.set(due - 1);
                 let early = apply(s, vec![item("frac", &[l], 1, Enforce)]).await;
@@ -436,7 +436,11 @@ mod cases {
                     .admitted,
                 "token {k} on time"
             );
-            tat = (tat.max((due * 1_000) as f64) + interval).round_ties_even();
+            if base < due || (base == due && ticks == 0) {
+                (base, ticks) = (due, 0);
+            }
+            let total = ticks + 1_000;
+            (base, ticks) = (base + total / 7, total % 7);
         }
     }
 

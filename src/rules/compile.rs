@@ -11,7 +11,7 @@ use super::duration::{parse_duration, parse_unit};
 use super::wildcard::Pattern;
 use super::yaml::{self, Kind, Node as Yaml};
 use super::{ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
-use crate::limiter::algorithm::MAX_LOG_ENTRIES;
+use crate::limiter::algorithm::{MAX_BUCKET_TICKS, MAX_LOG_ENTRIES};
 use crate::limiter::{Algorithm, LimitSpec, Role, Window};
 
 /// Buckets per window when `precision` is not given: the largest divisor of the
@@ -693,6 +693,14 @@ impl Compiler<'_> {
                     },
                     None => requests?,
                 };
+                let window = duration_ms?;
+                if burst.saturating_mul(window) > MAX_BUCKET_TICKS {
+                    return self.fail(
+                        line.max(1),
+                        path,
+                        format!("token_bucket: burst × window ({burst} × {window} ms) must be at most 2^52; use a shorter window or a smaller burst"),
+                    );
+                }
                 Some(Algorithm::TokenBucket { burst })
             }
             "sliding_log" => {

@@ -17,7 +17,7 @@ mod token_bucket;
 pub use fixed_window::FixedWindow;
 pub use sliding_log::{MAX_LOG_ENTRIES, SlidingLog};
 pub use sliding_window::SlidingWindow;
-pub use token_bucket::TokenBucket;
+pub use token_bucket::{MAX_BUCKET_TICKS, TokenBucket};
 
 use super::{LimitSpec, Millis, Window};
 

@@ -1,45 +1,48 @@
-//! The token bucket, as GCRA (the generic cell rate algorithm): one number per
+//! The token bucket, as GCRA (the generic cell rate algorithm): one time per
 //! counter, the theoretical arrival time (TAT). Tokens refill at `requests`
 //! per window, one every `T = window / requests`; the bucket holds at most
-//! `burst` tokens. A request of `w` hits fits when `max(TAT, now) + w·T − now
-//! ≤ burst·T`, evaluated as `(max(TAT, now) − now) + w·T ≤ burst·T` so no
-//! rounding of large times can move the boundary. It also serves as the leaky-bucket meter (same conformance
-//! test, seen from the other side).
+//! `burst` tokens. A request of `w` hits fits when `(max(TAT, now) − now) +
+//! w·T ≤ burst·T`. It also serves as the leaky-bucket meter (the same
+//! conformance test, seen from the other side).
 //!
-//! Time is in microseconds so fast rates (a token every 100 µs) keep their
-//! precision. The TAT is kept as a whole number of microseconds, rounded half
-//! to even after each update — exactly what the Lua script does, so both
-//! stores agree to the microsecond.
+//! The arithmetic is exact integer arithmetic: the TAT is kept as whole
+//! milliseconds plus a remainder in ticks of `1/requests` ms, so one token is
+//! exactly `window_ms` ticks and no rounding accumulates, however the
+//! interval divides. The Lua script does the same integer steps; rules keep
+//! `burst × window_ms` below 2^52 so Lua's doubles stay exact.
 
 use crate::limiter::{LimitSpec, Millis};
 
+/// Largest `burst × window_ms` a token bucket accepts (2^52), so every
+/// intermediate value is an integer a double represents exactly.
+pub const MAX_BUCKET_TICKS: u64 = 1 << 52;
+
 /// GCRA state of one counter.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TokenBucket {
-    /// Theoretical arrival time, µs since the epoch; at or before now the
-    /// bucket is full.
-    tat_us: f64,
-}
-
-/// Microseconds per token; `None` when the limit admits nothing.
-fn interval_us(spec: &LimitSpec) -> Option<f64> {
-    (spec.requests > 0).then(|| (spec.window.duration_ms as f64 * 1000.0) / spec.requests as f64)
-}
-
-fn now_us(now: Millis) -> f64 {
-    now as f64 * 1000.0
+    /// Whole milliseconds of the TAT; 0 for a counter never used.
+    base_ms: u64,
+    /// The TAT's remainder, in ticks of `1/requests` ms (below `requests`).
+    ticks: u64,
 }
 
 impl TokenBucket {
+    /// How far the TAT is ahead of `now`, in ticks (0 when the bucket is full).
+    fn ahead(&self, requests: u64, now: Millis) -> u64 {
+        if self.base_ms > now || (self.base_ms == now && self.ticks > 0) {
+            (self.base_ms - now) * requests + self.ticks
+        } else {
+            0
+        }
+    }
+
     /// Tokens in use (the burst minus the tokens available).
     pub fn used(&mut self, spec: &LimitSpec, now: Millis) -> u64 {
-        let Some(t) = interval_us(spec) else { return 0 };
-        let ahead = self.tat_us - now_us(now);
-        if ahead <= 0.0 {
-            0
-        } else {
-            ((ahead / t).ceil() as u64).min(spec.capacity())
+        let interval = spec.window.duration_ms;
+        if spec.requests == 0 || interval == 0 {
+            return 0;
         }
+        self.ahead(spec.requests, now).div_ceil(interval).min(spec.capacity())
     }
 
     /// Whether `hits` more tokens are available at `now`.
@@ -47,44 +50,41 @@ impl TokenBucket {
         if hits == 0 {
             return true;
         }
-        let Some(t) = interval_us(spec) else {
+        let (interval, burst) = (spec.window.duration_ms, spec.capacity());
+        if spec.requests == 0 || hits > burst {
             return false;
-        };
-        // Relative to now: the difference of two whole-µs times is exact, while
-        // adding a fractional interval to a 1.7e15 µs time would round.
-        let now = now_us(now);
-        let ahead = self.tat_us.max(now) - now;
-        ahead + hits as f64 * t <= spec.capacity() as f64 * t
+        }
+        self.ahead(spec.requests, now) + hits * interval <= burst * interval
     }
 
     /// Takes `hits` tokens at `now`.
     pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
-        let Some(t) = interval_us(spec) else { return };
-        if hits == 0 {
+        let requests = spec.requests;
+        if requests == 0 || hits == 0 {
             return;
         }
-        let tat = self.tat_us.max(now_us(now));
-        self.tat_us = (tat + hits as f64 * t).round_ties_even();
+        if self.ahead(requests, now) == 0 {
+            (self.base_ms, self.ticks) = (now, 0);
+        }
+        let ticks = self.ticks + hits * spec.window.duration_ms;
+        self.base_ms += ticks / requests;
+        self.ticks = ticks % requests;
     }
 
     /// Until one more token is available (0 when the bucket is full).
     pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
-        let Some(t) = interval_us(spec) else { return 0 };
-        let ahead = self.tat_us - now_us(now);
-        if ahead <= 0.0 {
+        let interval = spec.window.duration_ms;
+        let ahead = if spec.requests == 0 { 0 } else { self.ahead(spec.requests, now) };
+        if ahead == 0 || interval == 0 {
             return 0;
         }
-        let until = ahead - ((ahead / t).ceil() - 1.0) * t;
-        (until / 1000.0).ceil() as u64
+        let tokens = ahead.div_ceil(interval);
+        (ahead - (tokens - 1) * interval).div_ceil(spec.requests)
     }
 
     /// When the bucket is full again.
     pub fn expires_at(&self) -> Millis {
-        if self.tat_us <= 0.0 {
-            0
-        } else {
-            (self.tat_us / 1000.0).ceil() as u64
-        }
+        self.base_ms + u64::from(self.ticks > 0)
     }
 }
 
@@ -94,13 +94,7 @@ mod tests {
     use crate::limiter::{Algorithm, Window};
 
     fn spec(requests: u64, duration_ms: u64, burst: u64) -> LimitSpec {
-        LimitSpec {
-            requests,
-            window: Window {
-                duration_ms,
-                algorithm: Algorithm::TokenBucket { burst },
-            },
-        }
+        LimitSpec { requests, window: Window { duration_ms, algorithm: Algorithm::TokenBucket { burst } } }
     }
 
     #[test]
@@ -124,23 +118,31 @@ mod tests {
     fn weights_take_several_tokens_and_zero_only_checks() {
         let s = spec(60, 60_000, 10);
         let mut b = TokenBucket::default();
-        assert!(b.fits(&s, 0, 10));
-        assert!(!b.fits(&s, 0, 11));
-        b.add(&s, 0, 7);
-        assert_eq!(b.used(&s, 0), 7);
-        assert!(b.fits(&s, 0, 0));
-        assert!(!b.fits(&s, 0, 4));
-        assert!(b.fits(&s, 1_000, 4), "one token back after a second");
+        assert!(b.fits(&s, 1, 10));
+        assert!(!b.fits(&s, 1, 11));
+        b.add(&s, 1, 7);
+        assert_eq!(b.used(&s, 1), 7);
+        assert!(b.fits(&s, 1, 0));
+        assert!(!b.fits(&s, 1, 4));
+        assert!(b.fits(&s, 1_001, 4), "one token back after a second");
     }
 
     #[test]
-    fn fractional_intervals_keep_microsecond_precision() {
-        let s = spec(7, 1_000, 1); // 142 857.14… µs per token
+    fn fractional_intervals_never_drift() {
+        // 3 000 per second: a token every 333.33… µs. Sustained demand must
+        // get exactly 3 000 per second, not a rounded rate.
+        let s = spec(3_000, 1_000, 3);
         let mut b = TokenBucket::default();
-        b.add(&s, 0, 1);
-        assert_eq!(b.tat_us, 142_857.0);
-        assert!(!b.fits(&s, 142, 1));
-        assert!(b.fits(&s, 143, 1));
+        let mut admitted = 0;
+        for now in 1..=10_000u64 {
+            while b.fits(&s, now, 1) {
+                b.add(&s, now, 1);
+                admitted += 1;
+            }
+        }
+        // The burst of 3 in the first millisecond, then the 3 that refill in
+        // each following one: exactly 30 000 in 10 s.
+        assert_eq!(admitted, 30_000);
     }
 
     #[test]

@@ -34,7 +34,9 @@ Fields of a HASH, per limit (D = duration_ms):
   sliding_window  "D:P:<bucket>" hits of a non-empty bucket (bucket = time / P),
                   "D:P:t" their sum, "D:P:o" oldest bucket, "D:P:n" newest
   fixed_window    "D:f:w" window index (time / D), "D:f:c" hits in it
-  token_bucket    "D:b<burst>:a" theoretical arrival time, whole µs
+  token_bucket    "D:b<burst>:a" theoretical arrival time, whole ms, and
+                  "D:b<burst>:r" its remainder in ticks of 1/requests ms (one
+                  token is exactly D ticks: exact integer GCRA)
   sliding_log     "D:l:e" entries "time:hits,time:hits,…", oldest first
   "x"             when the HASH may expire (ms). The TTL is moved only when a
                   limit needs it longer, never on every hit.
@@ -56,18 +58,24 @@ else
 end
 local whole = ARGV[2] == 'all'
 
-local function num(s)
-  return string.format('%.0f', s)
+-- Exact floor division of non-negative integers below 2^53 (a double
+-- quotient can round onto the next integer).
+local function idiv(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
 end
 
--- Round half to even, as Rust's f64::round_ties_even.
-local function round_even(x)
-  local f = floor(x)
-  local r = x - f
-  if r > 0.5 or (r == 0.5 and f % 2 == 1) then
-    f = f + 1
+local function ceil_div(a, b)
+  local q = idiv(a, b)
+  if q * b < a then
+    q = q + 1
   end
-  return f
+  return q
 end
 
 -- Per key: fields to read, states to fill, and writes to make at the end.
@@ -132,7 +140,7 @@ for i = 1, #KEYS do
       elseif st.alg == 1 then
         fields[n + 1], fields[n + 2] = f .. 'w', f .. 'c'
       elseif st.alg == 2 then
-        fields[n + 1] = f .. 'a'
+        fields[n + 1], fields[n + 2] = f .. 'a', f .. 'r'
       else
         fields[n + 1] = f .. 'e'
       end
@@ -156,7 +164,7 @@ for _, k in ipairs(keys) do
     elseif st.alg == 1 then
       st.w, st.c = tonumber(v[i]), tonumber(v[i + 1]) or 0
     elseif st.alg == 2 then
-      st.tat = tonumber(v[i]) or 0
+      st.base, st.ticks = tonumber(v[i]) or 0, tonumber(v[i + 1]) or 0
     elseif v[i] then
       st.raw = v[i]
     end
@@ -258,24 +266,21 @@ for _, st in pairs(states) do
   end
 end
 
--- Token buckets depend on the limit's own numbers: one interval per limit.
-local function interval(l)
-  if l.requests > 0 then
-    return (l.d * 1000) / l.requests
+-- Token buckets, in ticks of 1/requests ms: a token is exactly D ticks.
+-- How far the arrival time is ahead of now (0 when the bucket is full).
+local function ahead(l)
+  local st = l.st
+  if l.requests > 0 and (st.base > now or (st.base == now and st.ticks > 0)) then
+    return (st.base - now) * l.requests + st.ticks
   end
-  return nil
+  return 0
 end
 
 local function bucket_used(l)
-  local T = interval(l)
-  if not T then
+  if l.requests == 0 or l.d == 0 then
     return 0
   end
-  local ahead = l.st.tat - now * 1000
-  if ahead <= 0 then
-    return 0
-  end
-  return min(ceil(ahead / T), l.st.param)
+  return min(ceil_div(ahead(l), l.d), l.st.param)
 end
 
 local function fits(l, hits)
@@ -284,14 +289,10 @@ local function fits(l, hits)
     if hits == 0 then
       return true
     end
-    local T = interval(l)
-    if not T then
+    if l.requests == 0 or hits > st.param then
       return false
     end
-    -- Relative to now, as Rust does: the difference of two whole-µs times is
-    -- exact, while adding a fractional interval to a 1.7e15 µs time rounds.
-    local ahead = max(st.tat, now * 1000) - now * 1000
-    return ahead + hits * T <= st.param * T
+    return ahead(l) + hits * l.d <= st.param * l.d
   end
   return l.used + hits <= l.requests
 end
@@ -355,13 +356,22 @@ local function add(l, hits)
     write(k, st.f .. 'c', st.c)
     return st.w, (st.w + 1) * st.d
   elseif st.alg == 2 then
-    local T = interval(l)
-    if not T then
+    if l.requests == 0 then
       return -1, 0
     end
-    st.tat = round_even(max(st.tat, now * 1000) + hits * T)
-    write(k, st.f .. 'a', num(st.tat))
-    return 0, ceil(st.tat / 1000)
+    if ahead(l) == 0 then
+      st.base, st.ticks = now, 0
+    end
+    local total = st.ticks + hits * l.d
+    local whole = idiv(total, l.requests)
+    st.base, st.ticks = st.base + whole, total - whole * l.requests
+    write(k, st.f .. 'a', st.base)
+    write(k, st.f .. 'r', st.ticks)
+    local full_at = st.base
+    if st.ticks > 0 then
+      full_at = full_at + 1
+    end
+    return 0, full_at
   else
     local last = #st.times
     local t = now
@@ -389,12 +399,12 @@ local function reset(l)
   elseif st.alg == 1 then
     return (floor(now / st.d) + 1) * st.d - now
   elseif st.alg == 2 then
-    local T = interval(l)
-    local ahead = st.tat - now * 1000
-    if not T or ahead <= 0 then
+    local a = ahead(l)
+    if a == 0 or l.d == 0 then
       return 0
     end
-    return ceil((ahead - (ceil(ahead / T) - 1) * T) / 1000)
+    local tokens = ceil_div(a, l.d)
+    return ceil_div(a - (tokens - 1) * l.d, l.requests)
   else
     local oldest = st.times[1] or now
     return oldest + st.d - now

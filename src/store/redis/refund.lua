@@ -15,13 +15,18 @@ back).
 
 local floor = math.floor
 
-local function round_even(x)
-  local f = floor(x)
-  local r = x - f
-  if r > 0.5 or (r == 0.5 and f % 2 == 1) then
-    f = f + 1
+-- Exact ceil division of non-negative integers below 2^53.
+local function ceil_div(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
   end
-  return f
+  if q * b < a then
+    q = q + 1
+  end
+  return q
 end
 
 local function sliding(key, f, slot, hits)
@@ -102,11 +107,18 @@ for i = 1, #KEYS do
         refunded = refunded + 1
       end
     elseif alg == '2' then
+      -- Move the arrival time back by hits tokens (hits × D ticks of
+      -- 1/requests ms), borrowing whole milliseconds from its base.
       local f = d .. ':b' .. param .. ':'
-      local tat = tonumber(redis.call('HGET', key, f .. 'a'))
-      if tat and requests > 0 then
-        local T = (tonumber(d) * 1000) / requests
-        redis.call('HSET', key, f .. 'a', string.format('%.0f', round_even(math.max(0, tat - hits * T))))
+      local s = redis.call('HMGET', key, f .. 'a', f .. 'r')
+      local base, ticks = tonumber(s[1]), tonumber(s[2]) or 0
+      if base and requests > 0 then
+        local need = hits * tonumber(d)
+        if ticks < need then
+          local borrow = ceil_div(need - ticks, requests)
+          base, ticks = base - borrow, ticks + borrow * requests
+        end
+        redis.call('HSET', key, f .. 'a', base, f .. 'r', ticks - need)
         refunded = refunded + 1
       end
     else
