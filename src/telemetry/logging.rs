@@ -1,4 +1,4 @@
-//! Logging set-up: human-readable by default, JSON on request.
+//! Log output: human-readable by default, JSON on request.
 
 use std::io::IsTerminal;
 
