@@ -42,7 +42,9 @@ impl TokenBucket {
         if spec.requests == 0 || interval == 0 {
             return 0;
         }
-        self.ahead(spec.requests, now).div_ceil(interval).min(spec.capacity())
+        self.ahead(spec.requests, now)
+            .div_ceil(interval)
+            .min(spec.capacity())
     }
 
     /// Whether `hits` more tokens are available at `now`.
@@ -74,7 +76,11 @@ impl TokenBucket {
     /// Until one more token is available (0 when the bucket is full).
     pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
         let interval = spec.window.duration_ms;
-        let ahead = if spec.requests == 0 { 0 } else { self.ahead(spec.requests, now) };
+        let ahead = if spec.requests == 0 {
+            0
+        } else {
+            self.ahead(spec.requests, now)
+        };
         if ahead == 0 || interval == 0 {
             return 0;
         }
@@ -94,7 +100,13 @@ mod tests {
     use crate::limiter::{Algorithm, Window};
 
     fn spec(requests: u64, duration_ms: u64, burst: u64) -> LimitSpec {
-        LimitSpec { requests, window: Window { duration_ms, algorithm: Algorithm::TokenBucket { burst } } }
+        LimitSpec {
+            requests,
+            window: Window {
+                duration_ms,
+                algorithm: Algorithm::TokenBucket { burst },
+            },
+        }
     }
 
     #[test]
