@@ -12,6 +12,8 @@
 //!   atomically (all-or-nothing) in one store call;
 //! - [`limiter`] is the pure core: the algorithms as functions of explicit
 //!   time, the clock, and the injective counter keys;
+//! - [`reload`] watches the rules files (and SIGHUP) and reloads them,
+//!   keeping the rules in force when a reload fails;
 //! - [`settings`], [`cli`], [`query`], [`telemetry`] and [`headers`] serve
 //!   the binary.
 //!
@@ -20,6 +22,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod cli;
 pub mod decision;
 pub mod headers;
@@ -28,6 +31,7 @@ pub mod limiter;
 #[allow(missing_docs)]
 pub mod proto;
 pub mod query;
+pub mod reload;
 pub mod request;
 #[allow(missing_docs)]
 pub mod rules;

@@ -1,27 +1,82 @@
-//! Log output: human-readable by default, JSON on request.
+//! The global `tracing` subscriber: log output to stderr (human-readable by
+//! default, JSON on request) and, when an OTLP endpoint is set, the
+//! OpenTelemetry layer from `traces`.
+//!
+//! The log filter applies to the logs only; traces have their own filter (see
+//! `traces::layer`), so `warn` logs still export every request's span.
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
+use super::traces::{self, TelemetryError, TelemetryGuard};
 use crate::settings::LogFormat;
 
-/// Installs the global log subscriber, writing to stderr. `filter` uses the
-/// env-filter syntax; an invalid one falls back to `info` with a warning.
-pub fn init_logging(format: LogFormat, filter: &str) {
+/// Installs the global subscriber and the W3C Trace Context propagator.
+///
+/// - Logs go to stderr in `format`, with ANSI colours only on a terminal.
+///   `filter` uses the env-filter syntax; an invalid one falls back to `info`
+///   with a warning.
+/// - With `otlp_endpoint`, spans are also exported over OTLP/gRPC as
+///   `service_name` (see [`traces::otlp_tracer_provider`]). This must then be
+///   called inside a Tokio runtime (e.g. under `runtime.enter()`), and the
+///   returned guard kept until shutdown, while the runtime still runs.
+///
+/// ```no_run
+/// # use sluice::settings::LogFormat;
+/// # fn main() -> anyhow::Result<()> {
+/// let runtime = tokio::runtime::Runtime::new()?;
+/// let telemetry = {
+///     let _entered = runtime.enter();
+///     sluice::telemetry::init(LogFormat::Human, "info", Some("http://localhost:4317"), "sluice")?
+/// };
+/// runtime.block_on(async { /* serve */ });
+/// telemetry.shutdown()?; // flush the last spans
+/// # Ok(())
+/// # }
+/// ```
+pub fn init(
+    format: LogFormat,
+    filter: &str,
+    otlp_endpoint: Option<&str>,
+    service_name: &str,
+) -> Result<TelemetryGuard, TelemetryError> {
+    let provider = otlp_endpoint
+        .map(|endpoint| traces::otlp_tracer_provider(endpoint, service_name))
+        .transpose()?;
     let (filter, bad) = match EnvFilter::try_new(filter) {
         Ok(f) => (f, None),
         Err(e) => (EnvFilter::new("info"), Some(e)),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    let _ = match format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let logs = match format {
+        LogFormat::Human => logs.with_filter(filter).boxed(),
+        LogFormat::Json => logs.json().with_filter(filter).boxed(),
     };
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![logs];
+    if let Some(provider) = &provider {
+        layers.push(traces::layer(provider).boxed());
+    }
+    tracing_subscriber::registry()
+        .with(layers)
+        .try_init()
+        .map_err(TelemetryError::AlreadyInstalled)?;
+    traces::install_propagator();
     if let Some(e) = bad {
         tracing::warn!(error = %e, "invalid log filter; using info");
     }
+    Ok(TelemetryGuard::new(provider))
+}
+
+/// Installs the global log subscriber alone (no trace export), writing to
+/// stderr. `filter` uses the env-filter syntax; an invalid one falls back to
+/// `info` with a warning. Does nothing if a subscriber is already installed.
+pub fn init_logging(format: LogFormat, filter: &str) {
+    // Without an endpoint the only possible error is an existing subscriber,
+    // which has always been ignored here.
+    let _ = init(format, filter, None, env!("CARGO_PKG_NAME"));
 }

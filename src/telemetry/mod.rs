@@ -2,5 +2,8 @@
 //! Prometheus metrics. Every metric name is defined once, in `metrics`.
 
 mod logging;
+pub mod metrics;
+pub mod traces;
 
-pub use logging::init_logging;
+pub use logging::{init, init_logging};
+pub use traces::{TelemetryError, TelemetryGuard};

@@ -1,0 +1,408 @@
+//! Prometheus metrics: every metric name is defined here, once.
+//!
+//! Label cardinality is bounded by construction: `domain` and `limit` come
+//! from the loaded rules (never from a request), and runtime descriptor values
+//! appear only for rules that ask for them (`detailed_metric`,
+//! `value_to_metric`), capped at `max_descriptor_labels` distinct values —
+//! beyond the cap they are counted under `descriptor="_other_"`.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Latency buckets in seconds, from 50 µs to 1 s.
+const LATENCY_BUCKETS: [f64; 13] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// The label value used once the descriptor-label cap is reached.
+pub const OTHER: &str = "_other_";
+
+/// Labels of the per-limit counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// A domain of the loaded rules.
+    pub domain: String,
+    /// The limit's `name`, or its rule path when it has none.
+    pub limit: String,
+    /// Runtime `key=value` pairs, only for rules that ask for them; else empty.
+    pub descriptor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+/// Settings of the metrics.
+#[derive(Clone, Copy, Debug)]
+pub struct MetricsConfig {
+    /// Share of a limit from which admitted hits also count as near the limit.
+    pub near_limit_ratio: f64,
+    /// Most distinct runtime descriptor label values.
+    pub max_descriptor_labels: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            near_limit_ratio: 0.8,
+            max_descriptor_labels: 1_000,
+        }
+    }
+}
+
+/// What one descriptor's limit did in one decision, for the counters.
+#[derive(Clone, Copy, Debug)]
+pub struct LimitEvent {
+    /// The descriptor's weight.
+    pub hits: u64,
+    /// The request was admitted (and so counted).
+    pub admitted: bool,
+    /// This limit did not fit the hits.
+    pub over: bool,
+    /// The limit is in shadow mode.
+    pub shadow: bool,
+    /// Usage after the decision and the limit's capacity.
+    pub used: u64,
+    /// The limit's capacity.
+    pub capacity: u64,
+}
+
+/// Every metric of the service.
+pub struct Metrics {
+    registry: Registry,
+    config: MetricsConfig,
+    hits: Family<LimitLabels, Counter>,
+    admitted: Family<LimitLabels, Counter>,
+    over_limit: Family<LimitLabels, Counter>,
+    near_limit: Family<LimitLabels, Counter>,
+    shadow_mode: Family<LimitLabels, Counter>,
+    requests: Family<CodeLabels, Counter>,
+    request_seconds: Histogram,
+    store_seconds: Histogram,
+    store_errors: Family<KindLabels, Counter>,
+    store_error_policy: Family<PolicyLabels, Counter>,
+    local_cache_hits: Counter,
+    reloads: Family<ResultLabels, Counter>,
+    rules_loaded: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Runtime descriptor label values seen so far; a lock because any
+    /// request may add one, and the set is what bounds the cardinality.
+    descriptors: Mutex<HashSet<String>>,
+}
+
+impl Metrics {
+    /// Every metric, registered and at zero.
+    pub fn new(config: MetricsConfig) -> Self {
+        let mut registry = Registry::default();
+        let latency = || Histogram::new(LATENCY_BUCKETS);
+        let metrics = Self {
+            config,
+            hits: Family::default(),
+            admitted: Family::default(),
+            over_limit: Family::default(),
+            near_limit: Family::default(),
+            shadow_mode: Family::default(),
+            requests: Family::default(),
+            request_seconds: latency(),
+            store_seconds: latency(),
+            store_errors: Family::default(),
+            store_error_policy: Family::default(),
+            local_cache_hits: Counter::default(),
+            reloads: Family::default(),
+            rules_loaded: Gauge::default(),
+            descriptors: Mutex::new(HashSet::new()),
+            registry: Registry::default(),
+        };
+        // prometheus-client appends `_total` to counters.
+        registry.register(
+            "sluice_hits",
+            "Weighted hits checked against a limit",
+            metrics.hits.clone(),
+        );
+        registry.register(
+            "sluice_admitted",
+            "Weighted hits admitted and counted",
+            metrics.admitted.clone(),
+        );
+        registry.register(
+            "sluice_over_limit",
+            "Weighted hits that did not fit an enforced limit",
+            metrics.over_limit.clone(),
+        );
+        registry.register(
+            "sluice_near_limit",
+            "Weighted hits admitted at or above the near-limit ratio of a limit",
+            metrics.near_limit.clone(),
+        );
+        registry.register(
+            "sluice_shadow_mode",
+            "Weighted hits over a shadow-mode limit (not rejected)",
+            metrics.shadow_mode.clone(),
+        );
+        registry.register(
+            "sluice_requests",
+            "ShouldRateLimit calls by outcome",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "sluice_request_duration_seconds",
+            "ShouldRateLimit latency",
+            metrics.request_seconds.clone(),
+        );
+        registry.register(
+            "sluice_store_duration_seconds",
+            "Counter store call latency",
+            metrics.store_seconds.clone(),
+        );
+        registry.register(
+            "sluice_store_errors",
+            "Counter store failures by kind",
+            metrics.store_errors.clone(),
+        );
+        registry.register(
+            "sluice_store_error_decisions",
+            "Requests answered by the store-error policy",
+            metrics.store_error_policy.clone(),
+        );
+        registry.register(
+            "sluice_local_cache_hits",
+            "Over-limit answers given from the local cache",
+            metrics.local_cache_hits.clone(),
+        );
+        registry.register(
+            "sluice_rules_reloads",
+            "Rules reloads by result",
+            metrics.reloads.clone(),
+        );
+        registry.register(
+            "sluice_rules_loaded_timestamp_seconds",
+            "When the rules in force were loaded (Unix time)",
+            metrics.rules_loaded.clone(),
+        );
+        // Known series exist from the start at zero, so alerts on their rate
+        // work before the first event.
+        for result in ["success", "error"] {
+            metrics.reloads.get_or_create_owned(&ResultLabels {
+                result: result.to_owned(),
+            });
+        }
+        for kind in ["unavailable", "timeout", "circuit_open"] {
+            metrics.store_errors.get_or_create_owned(&KindLabels {
+                kind: kind.to_owned(),
+            });
+        }
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// The text exposition (OpenMetrics, which Prometheus scrapes).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// A runtime descriptor label value, or [`OTHER`] once the cap is reached.
+    pub fn descriptor_label(&self, value: String) -> String {
+        let mut seen = self.descriptors.lock();
+        if seen.contains(&value) {
+            return value;
+        }
+        if seen.len() >= self.config.max_descriptor_labels {
+            return OTHER.to_owned();
+        }
+        seen.insert(value.clone());
+        value
+    }
+
+    /// Counts what a limit did in a decision.
+    pub fn record_limit(&self, labels: &LimitLabels, event: LimitEvent) {
+        self.hits.get_or_create(labels).inc_by(event.hits);
+        if event.admitted {
+            self.admitted.get_or_create(labels).inc_by(event.hits);
+            let near = (self.config.near_limit_ratio * event.capacity as f64).floor() as u64;
+            if !event.over && event.hits > 0 && event.used >= near.max(1) {
+                self.near_limit.get_or_create(labels).inc_by(event.hits);
+            }
+        }
+        if event.over {
+            let family = if event.shadow {
+                &self.shadow_mode
+            } else {
+                &self.over_limit
+            };
+            family.get_or_create(labels).inc_by(event.hits);
+        }
+    }
+
+    /// Counts a ShouldRateLimit call and its latency.
+    pub fn record_request(&self, code: &str, elapsed: Duration) {
+        self.requests
+            .get_or_create(&CodeLabels {
+                code: code.to_owned(),
+            })
+            .inc();
+        self.request_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records a store call's latency, and its failure kind if it failed.
+    pub fn record_store(&self, elapsed: Duration, error: Option<&str>) {
+        self.store_seconds.observe(elapsed.as_secs_f64());
+        if let Some(kind) = error {
+            self.store_errors
+                .get_or_create(&KindLabels {
+                    kind: kind.to_owned(),
+                })
+                .inc();
+        }
+    }
+
+    /// Counts a request answered by the store-error policy.
+    pub fn record_store_error_policy(&self, policy: &str) {
+        self.store_error_policy
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts an answer given from the local over-limit cache.
+    pub fn record_local_cache_hit(&self) {
+        self.local_cache_hits.inc();
+    }
+
+    /// Counts a rules reload; on success, records when the rules were loaded.
+    pub fn record_reload(&self, ok: bool, unix_seconds: f64) {
+        let result = if ok { "success" } else { "error" };
+        self.reloads
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+        if ok {
+            self.rules_loaded.set(unix_seconds);
+        }
+    }
+
+    /// Records when the rules in force were loaded (at start).
+    pub fn record_rules_loaded(&self, unix_seconds: f64) {
+        self.rules_loaded.set(unix_seconds);
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new(MetricsConfig::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(limit: &str, descriptor: &str) -> LimitLabels {
+        LimitLabels {
+            domain: "d".into(),
+            limit: limit.into(),
+            descriptor: descriptor.into(),
+        }
+    }
+
+    #[test]
+    fn names_and_values_appear_in_the_exposition() {
+        let m = Metrics::default();
+        let event = LimitEvent {
+            hits: 3,
+            admitted: true,
+            over: false,
+            shadow: false,
+            used: 9,
+            capacity: 10,
+        };
+        m.record_limit(&labels("per-ip", ""), event);
+        m.record_limit(
+            &labels("per-ip", ""),
+            LimitEvent {
+                admitted: false,
+                over: true,
+                ..event
+            },
+        );
+        m.record_request("OK", Duration::from_micros(300));
+        let text = m.encode();
+        for line in [
+            r#"sluice_hits_total{domain="d",limit="per-ip",descriptor=""} 6"#,
+            r#"sluice_admitted_total{domain="d",limit="per-ip",descriptor=""} 3"#,
+            r#"sluice_near_limit_total{domain="d",limit="per-ip",descriptor=""} 3"#,
+            r#"sluice_over_limit_total{domain="d",limit="per-ip",descriptor=""} 3"#,
+            r#"sluice_requests_total{code="OK"} 1"#,
+            "sluice_request_duration_seconds_count 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn shadow_hits_over_the_limit_are_not_over_limit() {
+        let m = Metrics::default();
+        let event = LimitEvent {
+            hits: 1,
+            admitted: true,
+            over: true,
+            shadow: true,
+            used: 2,
+            capacity: 1,
+        };
+        m.record_limit(&labels("s", ""), event);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"sluice_shadow_mode_total{domain="d",limit="s",descriptor=""} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains("sluice_over_limit_total{"), "{text}");
+    }
+
+    #[test]
+    fn runtime_descriptor_labels_are_capped() {
+        let m = Metrics::new(MetricsConfig {
+            max_descriptor_labels: 3,
+            ..MetricsConfig::default()
+        });
+        let values: Vec<String> = (0..1_000)
+            .map(|i| m.descriptor_label(format!("ip={i}")))
+            .collect();
+        assert_eq!(&values[..3], ["ip=0", "ip=1", "ip=2"]);
+        assert!(values[3..].iter().all(|v| v == OTHER));
+        assert_eq!(
+            m.descriptor_label("ip=1".into()),
+            "ip=1",
+            "known values keep their label"
+        );
+    }
+}
