@@ -7,13 +7,15 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
 use crate::limiter::{Algorithm, IdentityBuilder, LimitSpec, Role, Window};
 use crate::request::{Descriptor, Request};
-use crate::rules::{DEFAULT_BUCKETS, Limit, RuleSet, Unit};
+use crate::rules::{DEFAULT_BUCKETS, Limit, Rule, RuleSet, Unit};
 use crate::store::{Batch, BatchItem, CounterStore, LimitOutcome, StoreError};
+use crate::telemetry::metrics::{LimitEvent, LimitLabels, Metrics};
 
 /// Limits on the size of one request, so no request can cost unbounded work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +50,17 @@ pub enum DecideError {
     /// The counters could not be reached.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// The outcome of a decision as a short code, for metrics and logs: `OK`,
+/// `OVER_LIMIT`, or the gRPC status it maps to.
+pub fn outcome_code(result: &Result<Decision, DecideError>) -> &'static str {
+    match result {
+        Ok(decision) if decision.admitted => "OK",
+        Ok(_) => "OVER_LIMIT",
+        Err(DecideError::InvalidArgument(_)) => "INVALID_ARGUMENT",
+        Err(DecideError::Store(_)) => "UNAVAILABLE",
+    }
 }
 
 /// The answer to one request.
@@ -108,6 +121,8 @@ enum Plan<'r> {
     Limited {
         limits: Vec<PlannedLimit<'r>>,
         role: Role,
+        /// The matched rule; `None` for a request-supplied override.
+        rule: Option<&'r Rule>,
     },
 }
 
@@ -130,22 +145,88 @@ impl<'r> From<&'r Limit> for PlannedLimit<'r> {
     }
 }
 
+/// What to answer when the counter store fails.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreErrorPolicy {
+    /// gRPC UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
+    #[default]
+    Unavailable,
+    /// Admit: every descriptor OK, without a limit.
+    Allow,
+    /// Reject: every limited descriptor OVER_LIMIT.
+    Deny,
+}
+
+impl StoreErrorPolicy {
+    /// The name in settings and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreErrorPolicy::Unavailable => "unavailable",
+            StoreErrorPolicy::Allow => "allow",
+            StoreErrorPolicy::Deny => "deny",
+        }
+    }
+}
+
+/// How a [`Limiter`] behaves beyond its rules and store.
+#[derive(Clone, Default)]
+pub struct LimiterOptions {
+    /// Request size bounds.
+    pub bounds: Bounds,
+    /// What to answer when the store fails.
+    pub on_store_error: StoreErrorPolicy,
+    /// Where decisions are counted.
+    pub metrics: Arc<Metrics>,
+}
+
 /// Rules plus a store: the decision maker behind every interface.
 pub struct Limiter<S> {
     /// Swapped whole on reload; readers never block and never see a mix.
     rules: ArcSwap<RuleSet>,
     store: S,
     bounds: Bounds,
+    on_store_error: StoreErrorPolicy,
+    metrics: Arc<Metrics>,
 }
 
 impl<S: CounterStore> Limiter<S> {
     /// A limiter over `rules` and `store`.
     pub fn new(rules: RuleSet, store: S, bounds: Bounds) -> Self {
+        Self::with_options(
+            rules,
+            store,
+            LimiterOptions {
+                bounds,
+                ..LimiterOptions::default()
+            },
+        )
+    }
+
+    /// A limiter with every option.
+    pub fn with_options(rules: RuleSet, store: S, options: LimiterOptions) -> Self {
         Self {
             rules: ArcSwap::from_pointee(rules),
             store,
-            bounds,
+            bounds: options.bounds,
+            on_store_error: options.on_store_error,
+            metrics: options.metrics,
         }
+    }
+
+    /// Where decisions are counted.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The rules in force.
@@ -195,6 +276,7 @@ impl<S: CounterStore> Limiter<S> {
                             replaces: &[],
                         }],
                         role: Role::Enforce,
+                        rule: None,
                     }
                 }
                 None => match domain.find(&descriptor.entries) {
@@ -210,6 +292,7 @@ impl<S: CounterStore> Limiter<S> {
                         Plan::Limited {
                             limits: found.rule.limits.iter().map(PlannedLimit::from).collect(),
                             role: found.rule.role,
+                            rule: Some(found.rule),
                         }
                     }
                 },
@@ -248,22 +331,123 @@ impl<S: CounterStore> Limiter<S> {
         let outcome = if batch.items.is_empty() {
             None
         } else {
-            Some(self.store.apply(&batch).await?)
+            let started = Instant::now();
+            let result = self.store.apply(&batch).await;
+            let kind = result.as_ref().err().map(StoreError::kind);
+            self.metrics.record_store(started.elapsed(), kind);
+            match result {
+                Ok(outcome) => Some(outcome),
+                Err(error) => return self.on_store_error(error, &plans),
+            }
         };
         let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
-        let mut outcomes = outcome.map(|o| o.limits).unwrap_or_default().into_iter();
+        let results = outcome.map(|o| o.limits).unwrap_or_default();
+        let mut offset = 0;
         let statuses = plans
-            .into_iter()
-            .map(|plan| match plan {
+            .iter()
+            .zip(&request.descriptors)
+            .map(|(plan, descriptor)| match plan {
                 Plan::NoLimit => Status::NO_LIMIT,
                 Plan::Unlimited => Status::UNLIMITED,
-                Plan::Limited { limits, role } => {
-                    let results: Vec<LimitOutcome> = outcomes.by_ref().take(limits.len()).collect();
-                    status(&limits, &results, role)
+                Plan::Limited { limits, role, rule } => {
+                    let mine = &results[offset..offset + limits.len()];
+                    offset += limits.len();
+                    let hits = weight(request, descriptor);
+                    self.record(
+                        &request.domain,
+                        descriptor,
+                        *rule,
+                        limits,
+                        mine,
+                        *role,
+                        admitted,
+                        hits,
+                    );
+                    status(limits, mine, *role)
                 }
             })
             .collect();
         Ok(Decision { admitted, statuses })
+    }
+}
+
+impl<S> Limiter<S> {
+    /// Counts what each limit of one descriptor did.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        domain: &str,
+        descriptor: &Descriptor,
+        rule: Option<&Rule>,
+        limits: &[PlannedLimit<'_>],
+        results: &[LimitOutcome],
+        role: Role,
+        admitted: bool,
+        hits: u64,
+    ) {
+        let detail = rule
+            .map(|r| r.metric_descriptor(&descriptor.entries))
+            .unwrap_or_default();
+        let descriptor = if detail.is_empty() {
+            detail
+        } else {
+            self.metrics.descriptor_label(detail)
+        };
+        for (limit, result) in limits.iter().zip(results) {
+            let name = match (limit.name, rule) {
+                (Some(name), _) => name.to_string(),
+                (None, Some(rule)) => rule.path.clone(),
+                (None, None) => "_override_".to_owned(),
+            };
+            let labels = LimitLabels {
+                domain: domain.to_owned(),
+                limit: name,
+                descriptor: descriptor.clone(),
+            };
+            self.metrics.record_limit(
+                &labels,
+                LimitEvent {
+                    hits,
+                    admitted,
+                    over: result.over,
+                    shadow: role == Role::Shadow,
+                    used: result.used,
+                    capacity: limit.spec.capacity(),
+                },
+            );
+        }
+    }
+
+    /// Answers a request whose store call failed, as the policy says.
+    fn on_store_error(
+        &self,
+        error: StoreError,
+        plans: &[Plan<'_>],
+    ) -> Result<Decision, DecideError> {
+        let policy = self.on_store_error;
+        self.metrics.record_store_error_policy(policy.name());
+        match policy {
+            StoreErrorPolicy::Unavailable => Err(DecideError::Store(error)),
+            StoreErrorPolicy::Allow | StoreErrorPolicy::Deny => {
+                let deny = policy == StoreErrorPolicy::Deny;
+                tracing::warn!(error = %error, policy = policy.name(), "counter store failed; answering by policy");
+                let statuses = plans
+                    .iter()
+                    .map(|plan| match plan {
+                        Plan::Limited { role, .. } => Status {
+                            over_limit: deny && *role != Role::Shadow,
+                            ..Status::NO_LIMIT
+                        },
+                        Plan::Unlimited => Status::UNLIMITED,
+                        Plan::NoLimit => Status::NO_LIMIT,
+                    })
+                    .collect();
+                Ok(Decision {
+                    admitted: !deny,
+                    statuses,
+                })
+            }
+        }
     }
 }
 

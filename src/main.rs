@@ -13,7 +13,7 @@ use sluice::limiter::SystemClock;
 use sluice::rules::RulesSource;
 use sluice::server::{self, Listeners};
 use sluice::settings::Settings;
-use sluice::store::{MemoryStore, MemoryStoreConfig, RedisStore};
+use sluice::store::{Breaker, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore};
 use tokio_util::sync::CancellationToken;
 
 /// How often the memory store drops counters that have expired.
@@ -45,7 +45,18 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(args.config.as_deref(), &args.flags)?;
-    sluice::telemetry::init_logging(settings.log_format, &settings.log_level);
+    // The OTLP exporter runs on the runtime: set telemetry up inside it, and
+    // shut it down (flushing spans) before the runtime ends.
+    let runtime = runtime()?;
+    let telemetry = {
+        let _inside = runtime.enter();
+        sluice::telemetry::init(
+            settings.log_format,
+            &settings.log_level,
+            settings.otlp_endpoint.as_deref(),
+            &settings.service_name,
+        )?
+    };
     let source = match &settings.rules {
         Some(path) => RulesSource::Paths(vec![path.clone()]),
         None => RulesSource::Builtin,
@@ -58,7 +69,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     })?;
     let domains = rules.domains().count();
 
-    runtime()?.block_on(async {
+    let served = runtime.block_on(async {
         let listeners = Listeners::bind(settings.grpc_addr, settings.http_addr)
             .await
             .with_context(|| {
@@ -83,7 +94,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     RedisStore::connect(&redis, Arc::new(SystemClock), REDIS_CONNECT_TIMEOUT)
                         .await?;
                 started(&format!("redis {}", redis.url))?;
-                let limiter = Arc::new(Limiter::new(rules, store, settings.bounds()));
+                let store = Breaker::new(store, settings.breaker(), Arc::new(SystemClock));
+                let limiter = Arc::new(Limiter::with_options(
+                    rules,
+                    store,
+                    settings.limiter_options(),
+                ));
+                limiter.metrics().record_rules_loaded(unix_now());
+                watch_rules(&source, &limiter, &shutdown)?;
                 server::run(
                     limiter.clone(),
                     settings.serve_options(),
@@ -91,7 +109,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     shutdown,
                 )
                 .await?;
-                limiter.store().quit().await;
+                limiter.store().inner().quit().await;
             }
             None => {
                 let store = MemoryStore::new(
@@ -102,14 +120,57 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     Arc::new(SystemClock),
                 );
                 started("memory")?;
-                let limiter = Arc::new(Limiter::new(rules, store, settings.bounds()));
+                let limiter = Arc::new(Limiter::with_options(
+                    rules,
+                    store,
+                    settings.limiter_options(),
+                ));
+                limiter.metrics().record_rules_loaded(unix_now());
+                watch_rules(&source, &limiter, &shutdown)?;
                 tokio::spawn(sweep(limiter.clone(), shutdown.clone()));
                 server::run(limiter, settings.serve_options(), listeners, shutdown).await?;
             }
         }
         tracing::info!("sluice stopped");
         Ok(ExitCode::SUCCESS)
-    })
+    });
+    {
+        let _inside = runtime.enter();
+        if let Err(e) = telemetry.shutdown() {
+            eprintln!("sluice: flushing traces: {e}");
+        }
+    }
+    served
+}
+
+/// Reloads the rules on file changes and SIGHUP: a good set replaces the
+/// rules in force, a bad one is logged and counted and changes nothing.
+fn watch_rules<S: CounterStore>(
+    source: &RulesSource,
+    limiter: &Arc<Limiter<S>>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let limiter = Arc::clone(limiter);
+    sluice::reload::watch(
+        source.clone(),
+        move |reload| match reload.result {
+            Ok(rules) => {
+                limiter.replace_rules(rules);
+                limiter.metrics().record_reload(true, unix_now());
+            }
+            Err(_) => limiter.metrics().record_reload(false, unix_now()),
+        },
+        shutdown.clone(),
+    )
+    .context("watching the rules for changes")?;
+    Ok(())
+}
+
+/// Seconds since the Unix epoch, for the rules-loaded metric.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Drops expired counters from the memory store every [`SWEEP_INTERVAL`].

@@ -7,8 +7,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -68,8 +66,11 @@ pub enum ServeError {
 pub struct ServeOptions {
     /// Rate-limit headers added to responses.
     pub headers: HeaderMode,
-    /// After shutdown is requested, how long in-flight requests and open
-    /// streams may take before the server stops anyway.
+    /// After shutdown is requested, how long to keep serving while reporting
+    /// not ready, so the endpoint is removed before the listeners close.
+    pub shutdown_delay: Duration,
+    /// Then, how long in-flight requests and open streams may take before
+    /// the server stops anyway.
     pub shutdown_grace: Duration,
 }
 
@@ -77,9 +78,9 @@ pub struct ServeOptions {
 /// service's full name, and `ratelimit`, the name envoyproxy/ratelimit uses.
 const HEALTH_NAMES: [&str; 3] = ["", pb::SERVICE_NAME, "ratelimit"];
 
-/// Serves until `shutdown` is cancelled, then turns health NOT_SERVING, stops
-/// accepting, and lets in-flight requests finish for at most
-/// `options.shutdown_grace`.
+/// Serves until `shutdown` is cancelled; then turns health and readiness
+/// false, keeps serving for `options.shutdown_delay`, stops accepting, and
+/// lets in-flight requests finish for at most `options.shutdown_grace`.
 pub async fn run<S: CounterStore>(
     limiter: Arc<Limiter<S>>,
     options: ServeOptions,
@@ -98,16 +99,21 @@ pub async fn run<S: CounterStore>(
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
 
-    // Health turns NOT_SERVING first, so load balancers stop sending before
-    // the listener closes.
-    let health_shutdown = shutdown.clone();
+    // Shutdown in stages: health and readiness turn false at once, the
+    // listeners keep serving for `shutdown_delay` (so load balancers and
+    // Kubernetes remove the endpoint first), then stop accepting.
+    let closing = CancellationToken::new();
+    let (draining, close) = (shutdown.clone(), closing.clone());
+    let delay = options.shutdown_delay;
     tokio::spawn(async move {
-        health_shutdown.cancelled().await;
+        draining.cancelled().await;
         for name in HEALTH_NAMES {
             reporter
                 .set_service_status(name, ServingStatus::NotServing)
                 .await;
         }
+        tokio::time::sleep(delay).await;
+        close.cancel();
     });
 
     // Decisions are small and latency-bound: never let Nagle hold a reply back.
@@ -121,12 +127,15 @@ pub async fn run<S: CounterStore>(
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
         .add_service(pb::RateLimitServiceServer::new(RateLimitService::new(
-            limiter,
+            limiter.clone(),
             options.headers,
         )))
-        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
-    let admin = axum::serve(listeners.http, admin_router())
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        .serve_with_incoming_shutdown(incoming, closing.clone().cancelled_owned());
+    let admin = axum::serve(
+        listeners.http,
+        crate::admin::router(limiter, options.headers, shutdown.clone()),
+    )
+    .with_graceful_shutdown(closing.clone().cancelled_owned());
     let serving = async {
         tokio::try_join!(async { grpc.await.map_err(ServeError::from) }, async {
             admin.await.map_err(ServeError::from)
@@ -135,7 +144,7 @@ pub async fn run<S: CounterStore>(
     // Long-lived streams (a health Watch, say) must not hold shutdown open
     // past the grace period: Kubernetes would kill the pod mid-flight anyway.
     let deadline = async {
-        shutdown.cancelled().await;
+        closing.cancelled().await;
         tokio::time::sleep(options.shutdown_grace).await;
     };
     tokio::select! {
@@ -145,10 +154,4 @@ pub async fn run<S: CounterStore>(
         }
     }
     Ok(())
-}
-
-fn admin_router() -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(|| async { "ready\n" }))
 }

@@ -3,10 +3,12 @@
 //! [`Decision`] → `pb::RateLimitResponse`, [`DecideError`] → `tonic::Status`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tonic::{Request as GrpcRequest, Response, Status as GrpcStatus};
+use tracing::Instrument as _;
 
-use crate::decision::{DecideError, Decision, Limiter};
+use crate::decision::{DecideError, Decision, Limiter, outcome_code};
 use crate::headers::{HeaderMode, headers};
 use crate::proto as pb;
 use crate::proto::rate_limit_response::{
@@ -15,6 +17,7 @@ use crate::proto::rate_limit_response::{
 use crate::request::{Descriptor, Entry, Override, Request};
 use crate::rules::Unit;
 use crate::store::CounterStore;
+use crate::telemetry::traces;
 
 /// `envoy.service.ratelimit.v3.RateLimitService` over a [`Limiter`].
 pub struct RateLimitService<S> {
@@ -35,13 +38,31 @@ impl<S: CounterStore> pb::RateLimitService for RateLimitService<S> {
         &self,
         request: GrpcRequest<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, GrpcStatus> {
-        let request = from_pb(request.into_inner()).map_err(to_grpc_status)?;
-        let decision = self
-            .limiter
-            .decide(&request)
-            .await
-            .map_err(to_grpc_status)?;
-        Ok(Response::new(to_pb(&decision, self.headers)))
+        let started = Instant::now();
+        let span = traces::rate_limit_span(
+            &request.get_ref().domain,
+            request.get_ref().descriptors.len(),
+        );
+        traces::set_parent(&span, traces::parent_context(request.metadata()));
+        let result = match from_pb(request.into_inner()) {
+            Ok(request) => self.limiter.decide(&request).instrument(span.clone()).await,
+            Err(e) => Err(e),
+        };
+        let code = outcome_code(&result);
+        self.limiter
+            .metrics()
+            .record_request(code, started.elapsed());
+        match result {
+            Ok(decision) => {
+                span.record("outcome", code);
+                Ok(Response::new(to_pb(&decision, self.headers)))
+            }
+            Err(e) => {
+                let status = to_grpc_status(e);
+                traces::record_error(&span, status.code());
+                Err(status)
+            }
+        }
     }
 }
 

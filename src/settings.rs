@@ -59,8 +59,25 @@ pub struct Settings {
     pub redis_key_prefix: String,
     /// Where the Redis scripts take the time from.
     pub time_source: TimeSource,
-    /// After SIGTERM, how long in-flight requests may take, in milliseconds.
+    /// After SIGTERM, how long to keep serving while not ready, in ms.
+    pub shutdown_delay_ms: u64,
+    /// Then, how long in-flight requests may take, in milliseconds.
     pub shutdown_grace_ms: u64,
+    /// What to answer when the counter store fails.
+    pub on_store_error: crate::decision::StoreErrorPolicy,
+    /// Consecutive store failures that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How long the open breaker refuses store calls, in milliseconds.
+    pub breaker_cooldown_ms: u64,
+    /// Share of a limit from which admitted hits count as near the limit.
+    pub near_limit_ratio: f64,
+    /// Most distinct runtime descriptor values used as metric labels.
+    pub metrics_max_descriptors: usize,
+    /// OTLP gRPC endpoint for traces (e.g. `http://otel-collector:4317`);
+    /// `None` exports no traces.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported traces.
+    pub service_name: String,
 }
 
 impl Default for Settings {
@@ -83,7 +100,15 @@ impl Default for Settings {
             redis_timeout_ms: 10,
             redis_key_prefix: "sluice:".into(),
             time_source: TimeSource::Redis,
+            shutdown_delay_ms: 0,
             shutdown_grace_ms: 10_000,
+            on_store_error: crate::decision::StoreErrorPolicy::Unavailable,
+            breaker_failures: 5,
+            breaker_cooldown_ms: 1_000,
+            near_limit_ratio: 0.8,
+            metrics_max_descriptors: 1_000,
+            otlp_endpoint: None,
+            service_name: "sluice".into(),
         }
     }
 }
@@ -160,11 +185,52 @@ pub struct SettingsFlags {
     #[arg(long, value_enum, value_name = "SOURCE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time_source: Option<TimeSource>,
-    /// After SIGTERM, how long in-flight requests and open streams may take
-    /// before the process exits, in milliseconds [default: 10000]
+    /// After SIGTERM, how long to keep serving while reporting not ready (so
+    /// Kubernetes removes the endpoint first), in milliseconds [default: 0]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_delay_ms: Option<u64>,
+    /// Then, how long in-flight requests and open streams may take before
+    /// the process exits, in milliseconds [default: 10000]
     #[arg(long, value_name = "MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shutdown_grace_ms: Option<u64>,
+    /// What to answer when the counter store fails: unavailable (gRPC
+    /// UNAVAILABLE, Envoy's failure_mode_deny decides), allow, or deny
+    /// [default: unavailable]
+    #[arg(long, value_enum, value_name = "POLICY")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_store_error: Option<crate::decision::StoreErrorPolicy>,
+    /// Consecutive store failures after which the store is not called for a
+    /// while (circuit breaker) [default: 5]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker_failures: Option<u32>,
+    /// How long the open circuit breaker refuses store calls, in
+    /// milliseconds [default: 1000]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker_cooldown_ms: Option<u64>,
+    /// Share of a limit from which admitted hits count as near the limit
+    /// (metric sluice_near_limit_total) [default: 0.8]
+    #[arg(long, value_name = "RATIO")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub near_limit_ratio: Option<f64>,
+    /// Most distinct runtime descriptor values used as metric labels (for
+    /// detailed_metric / value_to_metric rules); beyond it they count as
+    /// _other_ [default: 1000]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_max_descriptors: Option<usize>,
+    /// Export traces over OTLP/gRPC to this endpoint, e.g.
+    /// http://otel-collector:4317 [default: none, no export]
+    #[arg(long, value_name = "URL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+    /// service.name of the exported traces [default: sluice]
+    #[arg(long, value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
 }
 
 /// Why settings could not be read.
@@ -261,7 +327,30 @@ impl Settings {
     pub fn serve_options(&self) -> crate::server::ServeOptions {
         crate::server::ServeOptions {
             headers: self.response_headers,
+            shutdown_delay: std::time::Duration::from_millis(self.shutdown_delay_ms),
             shutdown_grace: std::time::Duration::from_millis(self.shutdown_grace_ms),
+        }
+    }
+
+    /// The limiter's options, with a fresh metrics registry.
+    pub fn limiter_options(&self) -> crate::decision::LimiterOptions {
+        let metrics =
+            crate::telemetry::metrics::Metrics::new(crate::telemetry::metrics::MetricsConfig {
+                near_limit_ratio: self.near_limit_ratio,
+                max_descriptor_labels: self.metrics_max_descriptors,
+            });
+        crate::decision::LimiterOptions {
+            bounds: self.bounds(),
+            on_store_error: self.on_store_error,
+            metrics: std::sync::Arc::new(metrics),
+        }
+    }
+
+    /// The circuit breaker's settings.
+    pub fn breaker(&self) -> crate::store::BreakerConfig {
+        crate::store::BreakerConfig {
+            failures: self.breaker_failures.max(1),
+            cooldown: std::time::Duration::from_millis(self.breaker_cooldown_ms),
         }
     }
 

@@ -251,6 +251,8 @@ struct Flags {
     quota_mode: bool,
     detailed_metric: bool,
     share_threshold: bool,
+    /// Per depth, whether the runtime value may label metrics.
+    value_levels: Vec<bool>,
 }
 
 impl Compiler<'_> {
@@ -402,7 +404,7 @@ impl Compiler<'_> {
             match self.list(node, parent, "descriptors") {
                 Some(items) => {
                     for item in items {
-                        self.descriptor(item, parent, &mut root);
+                        self.descriptor(item, parent, &mut root, &[]);
                     }
                 }
                 None => listed = false,
@@ -417,7 +419,9 @@ impl Compiler<'_> {
         })
     }
 
-    fn descriptor(&mut self, node: &Yaml, parent: &str, level: &mut Level) {
+    /// Compiles one descriptor into `level`. `value_levels` says, for each
+    /// ancestor, whether its runtime value may label metrics.
+    fn descriptor(&mut self, node: &Yaml, parent: &str, level: &mut Level, value_levels: &[bool]) {
         if !matches!(node.kind, Kind::Map(_)) {
             self.error(
                 node.line,
@@ -444,14 +448,19 @@ impl Compiler<'_> {
             self.error(node.line, parent, "descriptor has empty key");
             return;
         }
+        let mut value_levels = value_levels.to_vec();
+        value_levels.push(self.boolean(map.get("value_to_metric"), &path, "value_to_metric"));
+        let detailed_metric = self.boolean(map.get("detailed_metric"), &path, "detailed_metric");
+        if detailed_metric {
+            value_levels.iter_mut().for_each(|v| *v = true);
+        }
         let flags = Flags {
             shadow_mode: self.boolean(map.get("shadow_mode"), &path, "shadow_mode"),
             quota_mode: self.boolean(map.get("quota_mode"), &path, "quota_mode"),
-            detailed_metric: self.boolean(map.get("detailed_metric"), &path, "detailed_metric"),
+            detailed_metric,
             share_threshold: self.boolean(map.get("share_threshold"), &path, "share_threshold"),
+            value_levels,
         };
-        // Checked for type only; it names metrics, never changes decisions.
-        self.boolean(map.get("value_to_metric"), &path, "value_to_metric");
         if flags.share_threshold && !Pattern::is_pattern(&value) {
             self.error(
                 node.line,
@@ -467,7 +476,7 @@ impl Compiler<'_> {
             .and_then(|l| self.list(l, &path, "descriptors"))
         {
             for item in items {
-                self.descriptor(item, &path, &mut children);
+                self.descriptor(item, &path, &mut children, &flags.value_levels);
             }
         }
         let compiled = Node {
@@ -560,6 +569,7 @@ impl Compiler<'_> {
             unlimited,
             role,
             detailed_metric: flags.detailed_metric,
+            metric_values: flags.value_levels.clone(),
         })
     }
 

@@ -100,6 +100,30 @@ pub struct Rule {
     pub role: Role,
     /// Metrics may carry the runtime values of this descriptor.
     pub detailed_metric: bool,
+    /// Per entry depth, whether its runtime value labels metrics
+    /// (`value_to_metric` at that level, or `detailed_metric` for all).
+    pub metric_values: Vec<bool>,
+}
+
+impl Rule {
+    /// The runtime `key=value` pairs that may label this rule's metrics, or
+    /// an empty string when none may.
+    pub fn metric_descriptor(&self, entries: &[Entry]) -> String {
+        let mut out = String::new();
+        for (entry, _) in entries
+            .iter()
+            .zip(&self.metric_values)
+            .filter(|(_, show)| **show)
+        {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(&entry.key);
+            out.push('=');
+            out.push_str(&entry.value);
+        }
+        out
+    }
 }
 
 /// One limit of a rule.

@@ -3,9 +3,11 @@
 //! only if the request is admitted is every one of them incremented. A store
 //! never offers get-then-set primitives, so no caller can race itself.
 
+mod breaker;
 mod memory;
 mod redis;
 
+pub use breaker::{Breaker, BreakerConfig};
 pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use redis::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource};
 
@@ -76,12 +78,27 @@ pub enum StoreError {
     /// The store did not answer in time.
     #[error("counter store did not answer within {0:?}")]
     Timeout(Duration),
+    /// The store failed repeatedly; calls are refused for this long.
+    #[error("counter store failing; not called for another {0:?}")]
+    CircuitOpen(Duration),
 }
 
 impl StoreError {
     /// Whether retrying later may succeed (every current variant may).
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_) | StoreError::Timeout(_))
+        matches!(
+            self,
+            StoreError::Unavailable(_) | StoreError::Timeout(_) | StoreError::CircuitOpen(_)
+        )
+    }
+
+    /// A short name for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Timeout(_) => "timeout",
+            StoreError::CircuitOpen(_) => "circuit_open",
+        }
     }
 }
 
@@ -91,4 +108,9 @@ pub trait CounterStore: Send + Sync + 'static {
     /// counts every one of them, atomically.
     fn apply(&self, batch: &Batch)
     -> impl Future<Output = Result<BatchOutcome, StoreError>> + Send;
+
+    /// Whether the store can take requests now (for readiness probes).
+    fn is_ready(&self) -> bool {
+        true
+    }
 }

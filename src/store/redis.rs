@@ -412,6 +412,11 @@ fn limit_args(limit: &LimitSpec) -> [Value; 4] {
 }
 
 impl CounterStore for RedisStore {
+    /// Ready while at least one connection is up.
+    fn is_ready(&self) -> bool {
+        self.pool.clients().iter().any(|c| c.is_connected())
+    }
+
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
         let keys: Vec<String> = batch
             .items
@@ -563,7 +568,11 @@ impl Answer {
         LimitOutcome {
             used: counted_used(admitted, self.before, self.pending, hits),
             over: self.over,
-            reset_ms: if admitted { self.reset_after } else { self.reset_before },
+            reset_ms: if admitted {
+                self.reset_after
+            } else {
+                self.reset_before
+            },
         }
     }
 }

@@ -128,6 +128,15 @@ impl Server {
         clock: Arc<ManualClock>,
     ) -> Self {
         let limiter = Arc::new(Limiter::new(rules(yaml), store, Bounds::default()));
+        Self::start_with_limiter(limiter, headers, clock).await
+    }
+
+    /// Starts a server over a ready-made limiter.
+    pub async fn start_with_limiter<S: CounterStore>(
+        limiter: Arc<Limiter<S>>,
+        headers: HeaderMode,
+        clock: Arc<ManualClock>,
+    ) -> Self {
         let listeners = Listeners::bind(([127, 0, 0, 1], 0).into(), ([127, 0, 0, 1], 0).into())
             .await
             .expect("bind loopback");
@@ -138,6 +147,7 @@ impl Server {
         let shutdown = CancellationToken::new();
         let options = server::ServeOptions {
             headers,
+            shutdown_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(10),
         };
         let task = tokio::spawn(server::run(limiter, options, listeners, shutdown.clone()));
@@ -178,6 +188,12 @@ impl Drop for Process {
 /// Starts `sluice serve` with `args` on loopback port 0 and returns it with
 /// the gRPC address it logged.
 pub fn start_binary(args: &[&str]) -> (Process, String) {
+    let (process, grpc, _) = start_binary_with_http(args);
+    (process, grpc)
+}
+
+/// As [`start_binary`], also returning the admin HTTP address.
+pub fn start_binary_with_http(args: &[&str]) -> (Process, String, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args([
             "serve",
@@ -202,9 +218,16 @@ pub fn start_binary(args: &[&str]) -> (Process, String) {
                 .next()
                 .unwrap()
                 .to_string();
+            let http_at = line.find("http=").expect("the http address is logged too");
+            let http = line[http_at + 5..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
             // Keep draining the log so the server never blocks on a full pipe.
             std::thread::spawn(move || lines.for_each(drop));
-            return (process, addr);
+            return (process, addr, http);
         }
     }
     panic!("sluice exited before listening");
@@ -238,4 +261,30 @@ pub async fn redis_store(
     RedisStore::connect(&config, clock, Duration::from_secs(10))
         .await
         .expect("connect to the test Redis")
+}
+
+/// One HTTP/1.1 request to the admin port: `(status code, body)`.
+pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the admin port");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let status = reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    (status, body)
 }

@@ -1,0 +1,352 @@
+//! The admin HTTP server: liveness, readiness, Prometheus metrics, the
+//! effective rules, and the rate-limit API as JSON.
+//!
+//! `POST /json` takes a `RateLimitRequest` in protobuf's JSON mapping
+//! (lowerCamelCase, snake_case also accepted) and answers the response the
+//! same way: 200 when OK, 429 when over limit (as envoyproxy/ratelimit), 400
+//! for a bad request, 503 when the counter store is unavailable.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::decision::{DecideError, Decision, Limiter, outcome_code};
+use crate::headers::{HeaderMode, headers};
+use crate::limiter::Algorithm;
+use crate::request::{Descriptor, Entry, Override, Request};
+use crate::rules::{RuleSet, Unit};
+use crate::store::CounterStore;
+
+/// What the admin handlers share.
+struct Admin<S> {
+    limiter: Arc<Limiter<S>>,
+    headers: HeaderMode,
+    /// Cancelled at shutdown: readiness turns false first.
+    shutdown: CancellationToken,
+}
+
+/// The admin routes over `limiter`.
+pub fn router<S: CounterStore>(
+    limiter: Arc<Limiter<S>>,
+    headers: HeaderMode,
+    shutdown: CancellationToken,
+) -> Router {
+    let state = Arc::new(Admin {
+        limiter,
+        headers,
+        shutdown,
+    });
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz::<S>))
+        .route("/metrics", get(metrics::<S>))
+        .route("/rlconfig", get(rlconfig::<S>))
+        .route("/json", post(json::<S>))
+        .with_state(state)
+}
+
+async fn readyz<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response {
+    if admin.shutdown.is_cancelled() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: shutting down\n",
+        )
+            .into_response()
+    } else if !admin.limiter.store().is_ready() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: counter store unreachable\n",
+        )
+            .into_response()
+    } else {
+        "ready\n".into_response()
+    }
+}
+
+async fn metrics<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        admin.limiter.metrics().encode(),
+    )
+        .into_response()
+}
+
+async fn rlconfig<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> String {
+    describe_rules(&admin.limiter.rules())
+}
+
+/// One line per rule: `domain/key=value/key: limits; flags`.
+pub fn describe_rules(rules: &RuleSet) -> String {
+    let mut out = String::new();
+    for domain in rules.domains() {
+        for rule in domain.rules() {
+            let _ = write!(out, "{}: ", rule.path);
+            if rule.unlimited {
+                out.push_str("unlimited");
+            }
+            for (i, limit) in rule.limits.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(" | ");
+                }
+                let spec = &limit.spec;
+                let _ = write!(
+                    out,
+                    "requests_per_unit={} window={}ms unit={:?} algorithm={}",
+                    spec.requests,
+                    spec.window.duration_ms,
+                    limit.unit,
+                    spec.window.algorithm.name()
+                );
+                match spec.window.algorithm {
+                    Algorithm::SlidingWindow { precision_ms } => {
+                        let _ = write!(out, " precision={precision_ms}ms");
+                    }
+                    Algorithm::TokenBucket { burst } => {
+                        let _ = write!(out, " burst={burst}");
+                    }
+                    _ => {}
+                }
+                if let Some(name) = &limit.name {
+                    let _ = write!(out, " name={name}");
+                }
+                if !limit.replaces.is_empty() {
+                    let _ = write!(out, " replaces={}", limit.replaces.join(","));
+                }
+            }
+            let _ = writeln!(
+                out,
+                "; role={:?} detailed_metric={}",
+                rule.role, rule.detailed_metric
+            );
+        }
+    }
+    out
+}
+
+async fn json<S: CounterStore>(State(admin): State<Arc<Admin<S>>>, body: String) -> Response {
+    let request: JsonRequest = match serde_json::from_str(&body) {
+        Ok(request) => request,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response(),
+    };
+    let request = match request.into_request() {
+        Ok(request) => request,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response(),
+    };
+    let started = Instant::now();
+    let result = admin.limiter.decide(&request).await;
+    admin
+        .limiter
+        .metrics()
+        .record_request(outcome_code(&result), started.elapsed());
+    match result {
+        Ok(decision) => {
+            let status = if decision.admitted {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
+            (
+                status,
+                axum::Json(JsonResponse::from_decision(&decision, admin.headers)),
+            )
+                .into_response()
+        }
+        Err(DecideError::InvalidArgument(e)) => {
+            (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response()
+        }
+        Err(e @ DecideError::Store(_)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+        }
+    }
+}
+
+/// `RateLimitRequest` in protobuf's JSON mapping.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(default, alias = "hits_addend")]
+    #[serde(rename = "hitsAddend")]
+    hits_addend: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    #[serde(default)]
+    limit: Option<JsonOverride>,
+    #[serde(default, rename = "hitsAddend", alias = "hits_addend")]
+    hits_addend: Option<JsonU64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonOverride {
+    #[serde(rename = "requestsPerUnit", alias = "requests_per_unit")]
+    requests_per_unit: u32,
+    unit: String,
+}
+
+/// protobuf's JSON writes 64-bit integers as strings; accept both.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonU64 {
+    Number(u64),
+    Text(String),
+}
+
+impl JsonRequest {
+    fn into_request(self) -> Result<Request, String> {
+        let descriptors = self
+            .descriptors
+            .into_iter()
+            .map(|d| {
+                let limit = match d.limit {
+                    None => None,
+                    Some(l) => Some(Override {
+                        requests_per_unit: l.requests_per_unit,
+                        unit: parse_unit(&l.unit)?,
+                    }),
+                };
+                let hits_addend = match d.hits_addend {
+                    None => None,
+                    Some(JsonU64::Number(n)) => Some(n),
+                    Some(JsonU64::Text(t)) => {
+                        Some(t.parse().map_err(|_| format!("invalid hitsAddend '{t}'"))?)
+                    }
+                };
+                Ok(Descriptor {
+                    entries: d
+                        .entries
+                        .into_iter()
+                        .map(|e| Entry {
+                            key: e.key,
+                            value: e.value,
+                        })
+                        .collect(),
+                    limit,
+                    hits_addend,
+                })
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Request {
+            domain: self.domain,
+            descriptors,
+            hits_addend: self.hits_addend,
+        })
+    }
+}
+
+fn parse_unit(text: &str) -> Result<Unit, String> {
+    Ok(match text.to_ascii_uppercase().as_str() {
+        "SECOND" => Unit::Second,
+        "MINUTE" => Unit::Minute,
+        "HOUR" => Unit::Hour,
+        "DAY" => Unit::Day,
+        "MONTH" => Unit::Month,
+        "YEAR" => Unit::Year,
+        _ => return Err(format!("invalid limit unit '{text}'")),
+    })
+}
+
+fn unit_name(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Unknown => "UNKNOWN",
+        Unit::Second => "SECOND",
+        Unit::Minute => "MINUTE",
+        Unit::Hour => "HOUR",
+        Unit::Day => "DAY",
+        Unit::Week => "WEEK",
+        Unit::Month => "MONTH",
+        Unit::Year => "YEAR",
+    }
+}
+
+/// `RateLimitResponse` in protobuf's JSON mapping.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonResponse {
+    overall_code: &'static str,
+    statuses: Vec<JsonStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    response_headers_to_add: Vec<JsonHeader>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonStatus {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<JsonLimit>,
+    limit_remaining: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonLimit {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    name: String,
+    requests_per_unit: u32,
+    unit: &'static str,
+}
+
+#[derive(Serialize)]
+struct JsonHeader {
+    key: &'static str,
+    value: String,
+}
+
+impl JsonResponse {
+    fn from_decision(decision: &Decision, mode: HeaderMode) -> Self {
+        let code = |over: bool| if over { "OVER_LIMIT" } else { "OK" };
+        Self {
+            overall_code: code(!decision.admitted),
+            statuses: decision
+                .statuses
+                .iter()
+                .map(|s| JsonStatus {
+                    code: code(s.over_limit),
+                    current_limit: s.limit.as_ref().map(|l| JsonLimit {
+                        name: l.name.as_deref().unwrap_or_default().to_owned(),
+                        requests_per_unit: u32::try_from(l.requests).unwrap_or(u32::MAX),
+                        unit: unit_name(l.unit),
+                    }),
+                    limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
+                    duration_until_reset: s
+                        .reset_ms
+                        .map(|ms| format!("{}.{:03}s", ms / 1_000, ms % 1_000)),
+                })
+                .collect(),
+            response_headers_to_add: headers(mode, decision)
+                .into_iter()
+                .map(|(key, value)| JsonHeader { key, value })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! A circuit breaker around any store: after `failures` consecutive errors
+//! it stops calling the store for `cooldown` and fails at once, so while
+//! Redis is down no request waits for a timeout. After the cooldown, calls go
+//! through again; the first success closes the breaker, the first failure
+//! opens it again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::{Batch, BatchOutcome, CounterStore, StoreError};
+use crate::limiter::Clock;
+
+/// Settings of the breaker.
+#[derive(Clone, Copy, Debug)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker.
+    pub failures: u32,
+    /// How long it stays open.
+    pub cooldown: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            cooldown: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A store that stops calling `inner` while it keeps failing.
+pub struct Breaker<S> {
+    inner: S,
+    config: BreakerConfig,
+    clock: Arc<dyn Clock>,
+    /// Atomics: every request reads them, without a lock.
+    failures: AtomicU32,
+    open_until: AtomicU64,
+}
+
+impl<S> Breaker<S> {
+    /// `inner` behind a breaker reading time from `clock`.
+    pub fn new(inner: S, config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner,
+            config,
+            clock,
+            failures: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// Whether calls are being refused now.
+    pub fn is_open(&self) -> bool {
+        self.clock.now() < self.open_until.load(Ordering::Relaxed)
+    }
+}
+
+impl<S: CounterStore> CounterStore for Breaker<S> {
+    fn is_ready(&self) -> bool {
+        !self.is_open() && self.inner.is_ready()
+    }
+
+    async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
+        let now = self.clock.now();
+        let until = self.open_until.load(Ordering::Relaxed);
+        if now < until {
+            return Err(StoreError::CircuitOpen(Duration::from_millis(until - now)));
+        }
+        let result = self.inner.apply(batch).await;
+        match &result {
+            Ok(_) => self.failures.store(0, Ordering::Relaxed),
+            Err(_) => {
+                let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                if failures >= self.config.failures {
+                    let cooldown =
+                        u64::try_from(self.config.cooldown.as_millis()).unwrap_or(u64::MAX);
+                    self.open_until
+                        .store(self.clock.now().saturating_add(cooldown), Ordering::Relaxed);
+                }
+            }
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::limiter::ManualClock;
+
+    /// A store that fails while told to, counting its calls.
+    #[derive(Default)]
+    struct Flaky {
+        failing: AtomicBool,
+        calls: AtomicU32,
+    }
+
+    impl CounterStore for Flaky {
+        async fn apply(&self, _: &Batch) -> Result<BatchOutcome, StoreError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            if self.failing.load(Ordering::Relaxed) {
+                Err(StoreError::Unavailable("down".into()))
+            } else {
+                Ok(BatchOutcome {
+                    admitted: true,
+                    limits: Vec::new(),
+                })
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn opens_after_consecutive_failures_and_fails_fast_until_the_cooldown() {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let config = BreakerConfig {
+            failures: 3,
+            cooldown: Duration::from_millis(500),
+        };
+        let breaker = Breaker::new(Flaky::default(), config, clock.clone());
+        breaker.inner().failing.store(true, Ordering::Relaxed);
+        for _ in 0..3 {
+            assert!(matches!(
+                breaker.apply(&Batch::default()).await,
+                Err(StoreError::Unavailable(_))
+            ));
+        }
+        assert!(breaker.is_open() && !breaker.is_ready());
+        for _ in 0..10 {
+            assert!(matches!(
+                breaker.apply(&Batch::default()).await,
+                Err(StoreError::CircuitOpen(_))
+            ));
+        }
+        assert_eq!(
+            breaker.inner().calls.load(Ordering::Relaxed),
+            3,
+            "no calls while open"
+        );
+
+        // After the cooldown one failed probe reopens it at once.
+        clock.advance(500);
+        assert!(matches!(
+            breaker.apply(&Batch::default()).await,
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(breaker.is_open());
+
+        // A successful probe closes it.
+        clock.advance(500);
+        breaker.inner().failing.store(false, Ordering::Relaxed);
+        assert!(breaker.apply(&Batch::default()).await.is_ok());
+        assert!(!breaker.is_open() && breaker.is_ready());
+    }
+
+    #[tokio::test]
+    async fn a_success_resets_the_count() {
+        let clock = Arc::new(ManualClock::new(0));
+        let config = BreakerConfig {
+            failures: 2,
+            cooldown: Duration::from_secs(1),
+        };
+        let breaker = Breaker::new(Flaky::default(), config, clock);
+        for _ in 0..5 {
+            breaker.inner().failing.store(true, Ordering::Relaxed);
+            let _ = breaker.apply(&Batch::default()).await;
+            breaker.inner().failing.store(false, Ordering::Relaxed);
+            assert!(breaker.apply(&Batch::default()).await.is_ok());
+        }
+        assert!(!breaker.is_open());
+    }
+}
