@@ -11,7 +11,10 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use crate::limiter::{Algorithm, IdentityBuilder, LimitSpec, Role, Window};
+use crate::limiter::{
+    Algorithm, Clock, IdentityBuilder, LimitSpec, Millis, Role, SystemClock, Window,
+};
+use crate::overlimit::OverLimitCache;
 use crate::request::{Descriptor, Request};
 use crate::rules::{DEFAULT_BUCKETS, Limit, Rule, RuleSet, Unit};
 use crate::store::{Batch, BatchItem, CounterStore, LimitOutcome, StoreError};
@@ -180,7 +183,7 @@ impl StoreErrorPolicy {
 }
 
 /// How a [`Limiter`] behaves beyond its rules and store.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct LimiterOptions {
     /// Request size bounds.
     pub bounds: Bounds,
@@ -188,6 +191,22 @@ pub struct LimiterOptions {
     pub on_store_error: StoreErrorPolicy,
     /// Where decisions are counted.
     pub metrics: Arc<Metrics>,
+    /// Entries of the local over-limit cache; 0 turns it off.
+    pub local_cache: usize,
+    /// The clock of the local cache.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for LimiterOptions {
+    fn default() -> Self {
+        Self {
+            bounds: Bounds::default(),
+            on_store_error: StoreErrorPolicy::default(),
+            metrics: Arc::default(),
+            local_cache: 0,
+            clock: Arc::new(SystemClock),
+        }
+    }
 }
 
 /// Rules plus a store: the decision maker behind every interface.
@@ -198,6 +217,9 @@ pub struct Limiter<S> {
     bounds: Bounds,
     on_store_error: StoreErrorPolicy,
     metrics: Arc<Metrics>,
+    /// Counters known to be full; `None` when turned off.
+    cache: Option<OverLimitCache>,
+    clock: Arc<dyn Clock>,
 }
 
 impl<S: CounterStore> Limiter<S> {
@@ -221,6 +243,8 @@ impl<S: CounterStore> Limiter<S> {
             bounds: options.bounds,
             on_store_error: options.on_store_error,
             metrics: options.metrics,
+            cache: OverLimitCache::new(options.local_cache),
+            clock: options.clock,
         }
     }
 
@@ -328,6 +352,10 @@ impl<S: CounterStore> Limiter<S> {
             }
         }
 
+        let now = self.clock.now();
+        if let Some(decision) = self.answer_from_cache(&batch, &plans, request, now) {
+            return Ok(decision);
+        }
         let outcome = if batch.items.is_empty() {
             None
         } else {
@@ -342,6 +370,7 @@ impl<S: CounterStore> Limiter<S> {
         };
         let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
         let results = outcome.map(|o| o.limits).unwrap_or_default();
+        self.remember_full(&batch, &results, now);
         let mut offset = 0;
         let statuses = plans
             .iter()
@@ -394,14 +423,9 @@ impl<S> Limiter<S> {
             self.metrics.descriptor_label(detail)
         };
         for (limit, result) in limits.iter().zip(results) {
-            let name = match (limit.name, rule) {
-                (Some(name), _) => name.to_string(),
-                (None, Some(rule)) => rule.path.clone(),
-                (None, None) => "_override_".to_owned(),
-            };
             let labels = LimitLabels {
                 domain: domain.to_owned(),
-                limit: name,
+                limit: metric_limit_name(limit, rule),
                 descriptor: descriptor.clone(),
             };
             self.metrics.record_limit(
@@ -415,6 +439,95 @@ impl<S> Limiter<S> {
                     capacity: limit.spec.capacity(),
                 },
             );
+        }
+    }
+
+    /// Rejects locally when an enforced limit of the request is known to be
+    /// full; the store is not called. Only the rejecting descriptor's limit
+    /// is reported (the others are not known without the store).
+    fn answer_from_cache(
+        &self,
+        batch: &Batch,
+        plans: &[Plan<'_>],
+        request: &Request,
+        now: Millis,
+    ) -> Option<Decision> {
+        let cache = self.cache.as_ref()?;
+        let mut items = batch.items.iter();
+        let mut hit = None;
+        for (index, plan) in plans.iter().enumerate() {
+            let Plan::Limited { limits, .. } = plan else {
+                continue;
+            };
+            let item = items.next().expect("one batch item per limited plan");
+            if item.role != Role::Enforce || item.hits == 0 {
+                continue;
+            }
+            for limit in limits {
+                if let Some(until) = cache.full_until(&item.identity, &limit.spec, now) {
+                    hit = Some((index, limit, until, item.hits));
+                    break;
+                }
+            }
+            if hit.is_some() {
+                break;
+            }
+        }
+        let (index, limit, until, hits) = hit?;
+        self.metrics.record_local_cache_hit();
+        if let Plan::Limited { rule, .. } = &plans[index] {
+            let labels = LimitLabels {
+                domain: request.domain.clone(),
+                limit: metric_limit_name(limit, *rule),
+                descriptor: String::new(),
+            };
+            let capacity = limit.spec.capacity();
+            let event = LimitEvent {
+                hits,
+                admitted: false,
+                over: true,
+                shadow: false,
+                used: capacity,
+                capacity,
+            };
+            self.metrics.record_limit(&labels, event);
+        }
+        let statuses = plans
+            .iter()
+            .enumerate()
+            .map(|(i, plan)| match plan {
+                _ if i == index => Status {
+                    over_limit: true,
+                    limit: Some(Reported {
+                        requests: limit.spec.requests,
+                        unit: limit.unit,
+                        window_ms: limit.spec.window.duration_ms,
+                        name: limit.name.cloned(),
+                    }),
+                    remaining: 0,
+                    reset_ms: Some(until - now),
+                },
+                Plan::Unlimited => Status::UNLIMITED,
+                _ => Status::NO_LIMIT,
+            })
+            .collect();
+        Some(Decision {
+            admitted: false,
+            statuses,
+        })
+    }
+
+    /// Remembers every enforced counter the store reported full.
+    fn remember_full(&self, batch: &Batch, results: &[LimitOutcome], now: Millis) {
+        let Some(cache) = &self.cache else { return };
+        let limits = batch
+            .items
+            .iter()
+            .flat_map(|item| item.limits.iter().map(move |l| (item, l)));
+        for ((item, limit), result) in limits.zip(results) {
+            if item.role == Role::Enforce && result.full_for_ms > 0 {
+                cache.remember(&item.identity, limit, now + result.full_for_ms, now);
+            }
         }
     }
 
@@ -448,6 +561,15 @@ impl<S> Limiter<S> {
                 })
             }
         }
+    }
+}
+
+/// A limit's `limit` label: its name, else its rule's path.
+fn metric_limit_name(limit: &PlannedLimit<'_>, rule: Option<&Rule>) -> String {
+    match (limit.name, rule) {
+        (Some(name), _) => name.to_string(),
+        (None, Some(rule)) => rule.path.clone(),
+        (None, None) => "_override_".to_owned(),
     }
 }
 

@@ -28,6 +28,7 @@ pub mod decision;
 pub mod headers;
 #[allow(missing_docs)]
 pub mod limiter;
+pub mod overlimit;
 #[allow(missing_docs)]
 pub mod proto;
 pub mod query;

@@ -78,6 +78,8 @@ pub struct Settings {
     pub otlp_endpoint: Option<String>,
     /// `service.name` of the exported traces.
     pub service_name: String,
+    /// Entries of the local over-limit cache (Redis only); 0 turns it off.
+    pub local_cache_size: usize,
 }
 
 impl Default for Settings {
@@ -109,6 +111,7 @@ impl Default for Settings {
             metrics_max_descriptors: 1_000,
             otlp_endpoint: None,
             service_name: "sluice".into(),
+            local_cache_size: 100_000,
         }
     }
 }
@@ -231,6 +234,12 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_name: Option<String>,
+    /// Counters known to be full are answered locally until they can take a
+    /// hit again, without calling Redis; this many at most, 0 turns it off
+    /// [default: 100000]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_cache_size: Option<usize>,
 }
 
 /// Why settings could not be read.
@@ -343,6 +352,13 @@ impl Settings {
             bounds: self.bounds(),
             on_store_error: self.on_store_error,
             metrics: std::sync::Arc::new(metrics),
+            // Only a remote store saves anything by answering locally.
+            local_cache: if self.redis_url.is_some() {
+                self.local_cache_size
+            } else {
+                0
+            },
+            clock: std::sync::Arc::new(crate::limiter::SystemClock),
         }
     }
 

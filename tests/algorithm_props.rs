@@ -805,6 +805,32 @@ proptest! {
         }
     }
 
+        /// `full_for` never claims a counter is full while a hit would fit: at
+    /// every millisecond it covers, a 1-hit request is rejected (checked on a
+    /// copy of the state, for all four algorithms). This is what lets the
+    /// local cache answer without the store.
+    #[test]
+    fn full_for_never_outlasts_a_full_counter(
+        case in timeline(1u64..=20, any_window(), 1u64..=5, 80),
+    ) {
+        let spec = case.spec();
+        let mut state = State::new(&spec);
+        for (now, weight) in case.instants() {
+            let used = state.used(&spec, now);
+            if state.fits(&spec, now, used, weight) {
+                state.add(&spec, now, weight);
+            }
+            let full_for = state.full_for(&spec, now);
+            let probes = [0, full_for / 3, full_for / 2, full_for.saturating_sub(1)];
+            for dt in probes.into_iter().filter(|&dt| dt < full_for) {
+                let mut later = state.clone();
+                let t = now + dt;
+                let used = later.used(&spec, t);
+                prop_assert!(!later.fits(&spec, t, used, 1), "a hit fits at {} though full for {} from {}", t, full_for, now);
+            }
+        }
+    }
+
     /// The memory store decides a single-limit request exactly as the bare
     /// algorithm does (all four algorithms), and reports used and reset as the
     /// algorithm sees them: used after the request when it was admitted, as it
@@ -831,10 +857,11 @@ proptest! {
                 // What the store reports is what the state now holds.
                 prop_assert_eq!(state.clone().used(&spec, now), used, "after request at {}", now);
             }
-            let expected = LimitOutcome {
+                        let expected = LimitOutcome {
                 used,
                 over: !admitted,
                 reset_ms: state.reset_ms(&spec, now),
+                full_for_ms: state.full_for(&spec, now),
             };
             prop_assert_eq!(outcome.admitted, admitted, "at {} weight {}", now, weight);
             prop_assert_eq!(outcome.limits, vec![expected], "at {} weight {}", now, weight);

@@ -538,3 +538,133 @@ async fn each_request_is_one_script_call_that_moves_the_ttl_only_when_needed() {
     assert_eq!(calls(&redis, "expire"), 0);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_hot_over_limit_key_costs_redis_nothing_until_it_can_fit_again() {
+    use sluice::decision::{Limiter, LimiterOptions};
+    use sluice::limiter::Clock as _;
+    let redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T0 + 30_000)); // mid-minute
+    let prefix = support::unique_prefix();
+    let store = || {
+        let config = RedisStoreConfig {
+            url: RedisUrl::new(redis.url()),
+            pool_size: 1,
+            timeout: Duration::from_secs(2),
+            key_prefix: prefix.clone(),
+            time: TimeSource::Local,
+        };
+        let clock = clock.clone();
+        async move {
+            RedisStore::connect(&config, clock, Duration::from_secs(10))
+                .await
+                .unwrap()
+        }
+    };
+    let yaml = "domain: redis\ndescriptors:\n  - key: fixed\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}\n  - key: sliding\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
+    let options = LimiterOptions {
+        local_cache: 1_000,
+        clock: clock.clone(),
+        ..LimiterOptions::default()
+    };
+    let cached = Arc::new(Limiter::with_options(
+        support::rules(yaml),
+        store().await,
+        options,
+    ));
+    // The same counters without a cache: a weight-0 request there is a
+    // read-only look at what Redis holds.
+    let direct = Arc::new(Limiter::new(
+        support::rules(yaml),
+        store().await,
+        Default::default(),
+    ));
+    let server = Server::start_with_limiter(cached.clone(), HeaderMode::Off, clock.clone()).await;
+    let probe = Server::start_with_limiter(direct, HeaderMode::Off, clock.clone()).await;
+    let (mut c, mut p) = (connect(&server.uri()).await, connect(&probe.uri()).await);
+    let ask = |key: &'static str| request(&[&[(key, "hot")]]);
+    let fits_in_redis = |p: &mut RateLimitServiceClient<Channel>, key: &'static str| {
+        let mut look = ask(key);
+        look.descriptors[0].hits_addend =
+            Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        let mut p = p.clone();
+        async move {
+            p.should_rate_limit(look)
+                .await
+                .unwrap()
+                .into_inner()
+                .statuses[0]
+                .limit_remaining
+                >= 1
+        }
+    };
+
+    for key in ["fixed", "sliding"] {
+        for _ in 0..5 {
+            assert_eq!(
+                c.should_rate_limit(ask(key))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .overall_code,
+                Code::Ok as i32
+            );
+        }
+    }
+    redis.command(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..100 {
+        for key in ["fixed", "sliding"] {
+            let r = c.should_rate_limit(ask(key)).await.unwrap().into_inner();
+            assert_eq!(
+                (r.overall_code, r.statuses[0].limit_remaining),
+                (Code::OverLimit as i32, 0)
+            );
+        }
+    }
+    assert_eq!(
+        calls(&redis, "evalsha"),
+        0,
+        "the hot keys were answered locally"
+    );
+    assert!(
+        cached
+            .metrics()
+            .encode()
+            .contains("sluice_local_cache_hits_total 200")
+    );
+
+    // Step through time: the cached answer must be exactly what Redis would
+    // answer — never a rejection once a hit fits, never an admission before.
+    // The sliding key (filled at t0+30 s) decays within about a second; the
+    // fixed key reopens at the minute, approached a millisecond at a time.
+    for (key, from, step) in [("sliding", T0 + 30_000, 7), ("fixed", T0 + 59_990, 1)] {
+        clock.set(from);
+        loop {
+            let fits = fits_in_redis(&mut p, key).await;
+            let answer = c
+                .should_rate_limit(ask(key))
+                .await
+                .unwrap()
+                .into_inner()
+                .overall_code;
+            assert_eq!(
+                answer == Code::Ok as i32,
+                fits,
+                "{key} at t0+{}",
+                clock.now() - T0
+            );
+            if fits {
+                break;
+            }
+            assert!(clock.now() < T0 + 62_000, "{key} never reopened");
+            clock.advance(step);
+        }
+    }
+    assert_eq!(
+        clock.now(),
+        T0 + 60_000,
+        "the fixed window reopens exactly at the minute"
+    );
+    server.stop().await;
+    probe.stop().await;
+}

@@ -180,21 +180,27 @@ impl MemoryStore {
                 let (key, shard) = &counters[index];
                 let shard = &mut *guards[guard(*shard)];
                 let (before, pending, over) = checked[index];
-                let reset_ms = if admitted && item.hits > 0 {
+                let (reset_ms, full_for_ms) = if admitted && item.hits > 0 {
                     let state = shard.entry(key, limit, &counters, now, self);
                     state.add(limit, now, item.hits);
-                    state.reset_ms(limit, now)
+                    (state.reset_ms(limit, now), state.full_for(limit, now))
                 } else {
-                    shard.counters.get(key).map_or_else(
-                        || State::new(limit).reset_ms(limit, now),
-                        |s| s.reset_ms(limit, now),
-                    )
+                    let fresh;
+                    let state = match shard.counters.get(key) {
+                        Some(state) => state,
+                        None => {
+                            fresh = State::new(limit);
+                            &fresh
+                        }
+                    };
+                    (state.reset_ms(limit, now), state.full_for(limit, now))
                 };
                 let used = counted_used(admitted, before, pending, item.hits);
                 limits.push(LimitOutcome {
                     used,
                     over,
                     reset_ms,
+                    full_for_ms,
                 });
                 index += 1;
             }

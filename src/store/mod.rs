@@ -46,6 +46,9 @@ pub struct LimitOutcome {
     pub over: bool,
     /// Milliseconds until headroom next grows.
     pub reset_ms: u64,
+    /// For how long from now no hit at all can fit this limit (0 when one
+    /// can): what a local cache may answer without the store.
+    pub full_for_ms: u64,
 }
 
 /// The `used` a store reports for one limit: after this request (and the

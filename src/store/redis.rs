@@ -547,7 +547,7 @@ impl RedisStore {
 type ItemPart = (Vec<Answer>, bool);
 
 /// Values per limit in a decide.lua reply.
-const ANSWER_LEN: usize = 6;
+const ANSWER_LEN: usize = 8;
 
 /// One limit's answer from decide.lua.
 #[derive(Clone, Copy, Debug)]
@@ -559,11 +559,17 @@ struct Answer {
     reset_before: u64,
     /// The same after it was counted (equal when nothing was counted).
     reset_after: u64,
+    /// For how long no hit can fit, before this request was counted.
+    full_before: u64,
+    /// The same after it was counted.
+    full_after: u64,
     /// The bucket or window the hits went to, for a refund.
     slot: i64,
 }
 
 impl Answer {
+    /// The outcome to report: after the request when it was admitted, the
+    /// counter as it stands otherwise (also for a refunded Cluster part).
     fn outcome(self, admitted: bool, hits: u64) -> LimitOutcome {
         LimitOutcome {
             used: counted_used(admitted, self.before, self.pending, hits),
@@ -572,6 +578,11 @@ impl Answer {
                 self.reset_after
             } else {
                 self.reset_before
+            },
+            full_for_ms: if admitted {
+                self.full_after
+            } else {
+                self.full_before
             },
         }
     }
@@ -586,7 +597,9 @@ fn answers(reply: &[i64]) -> impl Iterator<Item = Answer> + '_ {
         over: v[2] == 1,
         reset_before: count(v[3]),
         reset_after: count(v[4]),
-        slot: v[5],
+        full_before: count(v[5]),
+        full_after: count(v[6]),
+        slot: v[7],
     })
 }
 

@@ -38,6 +38,15 @@ impl FixedWindow {
         self.hits
     }
 
+    /// Hits counted in the window containing `now`, without changing state.
+    pub fn hits_now(&self, spec: &LimitSpec, now: Millis) -> u64 {
+        if signed(now).div_euclid(duration(&spec.window)) == self.index {
+            self.hits
+        } else {
+            0
+        }
+    }
+
     /// Counts `hits` in the window containing `now`.
     pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
         self.roll(spec, now);

@@ -127,6 +127,19 @@ impl State {
         }
     }
 
+    /// For how many milliseconds from `now` no hit at all can fit (0 when
+    /// one can now). Exact or shorter, never longer: a local cache may reject
+    /// for this long without asking the store. Call after [`State::used`].
+    pub fn full_for(&self, spec: &LimitSpec, now: Millis) -> u64 {
+        match self {
+            State::Sliding(s) => s.full_for(spec, now),
+            State::Fixed(s) if s.hits_now(spec, now) >= spec.requests => s.reset_ms(spec, now),
+            State::Bucket(s) if !s.fits(spec, now, 1) => s.reset_ms(spec, now),
+            State::Log(s) if s.total() >= spec.requests => s.reset_ms(spec, now),
+            _ => 0,
+        }
+    }
+
     /// The instant from which this state counts nothing; a store may drop it then.
     pub fn expires_at(&self, window: &Window) -> Millis {
         match self {

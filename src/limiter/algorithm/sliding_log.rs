@@ -51,6 +51,11 @@ impl SlidingLog {
         self.total
     }
 
+    /// Hits in the log as of the last [`SlidingLog::used`].
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
     /// Logs `hits` at `now` (at the newest entry's time if the clock stepped
     /// back).
     pub fn add(&mut self, _spec: &LimitSpec, now: Millis, hits: u64) {

@@ -89,6 +89,39 @@ impl SlidingWindow {
         unsigned((index + 1) * p + d - signed(now))
     }
 
+    /// For how long no hit can fit (see [`super::State::full_for`]); call
+    /// after `used`. The straddling bucket's share falls as the window
+    /// slides; `ceil(c·x/p) ≤ k` exactly when `x ≤ ⌊k·p/c⌋`, solved in
+    /// integers. Beyond the straddling bucket this stops early: conservative.
+    pub fn full_for(&self, spec: &LimitSpec, now: Millis) -> u64 {
+        let (d, p) = shape(&spec.window);
+        let limit = spec.requests;
+        if limit == 0 {
+            return unsigned(d);
+        }
+        let start = signed(now) - d;
+        let oldest = start.div_euclid(p);
+        let inside = (oldest + 1) * p - start;
+        match self.buckets.front() {
+            None => 0,
+            // The oldest bucket straddles the window's start and decays.
+            Some(&(index, hits)) if index == oldest && inside < p => {
+                let others = self.total - hits;
+                if others >= limit {
+                    return unsigned(inside);
+                }
+                let spare = limit - 1 - others; // hits that may remain of the straddler
+                let allowed = (spare as u128 * p as u128 / hits as u128) as i64;
+                unsigned(inside - allowed.min(inside))
+            }
+            // Every bucket counts fully until the oldest starts to straddle.
+            Some(&(index, _)) if self.total >= limit => {
+                unsigned((index * p + d - signed(now)).max(0))
+            }
+            Some(_) => 0,
+        }
+    }
+
     /// When the newest bucket leaves the window.
     pub fn expires_at(&self, window: &Window) -> Millis {
         let (d, p) = shape(window);

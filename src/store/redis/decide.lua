@@ -21,12 +21,15 @@ number of limits; and per limit: requests, duration_ms, algorithm, param:
   3 sliding_log     param = 0
 
 Reply: { applied (1|0), now, then per limit:
-         used, pending, over, reset_before, reset_after, slot }
+                  used, pending, over, reset_before, reset_after, full_before, full_after, slot }
   used     how much of the limit is in use before this request
   pending  hits of earlier limits of this request on the same counter
   over     1 if this limit's hits (with the pending ones) do not fit
-  reset_*  ms until headroom next grows, before this request and after it
+    reset_*  ms until headroom next grows, before this request and after it
            (the caller of a refunded part reports the former)
+    full_*   ms from now during which no hit at all can fit (0 if one can),
+           before and after this request: what a local cache may answer
+           without asking Redis
   slot     where the hits went (bucket, window, or log time; -1 if none),
            for refund.lua
 
@@ -411,9 +414,51 @@ local function reset(l)
   end
 end
 
-local reset_before = {}
+-- For how long no hit can fit; exact or shorter (see Rust's full_for).
+local function full_for(l)
+  local st = l.st
+  if st.alg == 0 then
+    local limit, p, d = l.requests, st.p, st.d
+    if limit == 0 then
+      return d
+    end
+    if st.t == 0 then
+      return 0
+    end
+    local inside = (st.oldest + 1) * p - (now - d)
+    local c = st.buckets[st.oldest]
+    if st.o == st.oldest and c and inside < p then
+      local others = st.t - c
+      if others >= limit then
+        return inside
+      end
+      local allowed = min(idiv((limit - 1 - others) * p, c), inside)
+      return inside - allowed
+    end
+    if st.t >= limit then
+      return max(st.o * p + d - now, 0)
+    end
+    return 0
+  elseif st.alg == 1 then
+    if st.w == floor(now / st.d) and st.c >= l.requests then
+      return reset(l)
+    end
+    return 0
+  elseif st.alg == 2 then
+    if fits(l, 1) then
+      return 0
+    end
+    return reset(l)
+  elseif st.total >= l.requests then
+    return reset(l)
+  end
+  return 0
+end
+
+local reset_before, full_before = {}, {}
 for j, l in ipairs(limits) do
   reset_before[j] = reset(l)
+  full_before[j] = full_for(l)
 end
 
 local reply = { applied and 1 or 0, now }
@@ -430,8 +475,10 @@ for j, l in ipairs(limits) do
   reply[#reply + 1] = l.used
   reply[#reply + 1] = l.pending
   reply[#reply + 1] = l.over and 1 or 0
-  reply[#reply + 1] = reset_before[j]
-  reply[#reply + 1] = reset(l)
+    reply[#reply + 1] = reset_before[j]
+    reply[#reply + 1] = reset(l)
+  reply[#reply + 1] = full_before[j]
+  reply[#reply + 1] = full_for(l)
   reply[#reply + 1] = slot
 end
 
