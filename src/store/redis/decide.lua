@@ -455,10 +455,14 @@ local function full_for(l)
   return 0
 end
 
+-- "Before" values matter only for a Cluster part that may be refunded: a
+-- whole request reports "after" when counted, and then before == after.
 local reset_before, full_before = {}, {}
-for j, l in ipairs(limits) do
-  reset_before[j] = reset(l)
-  full_before[j] = full_for(l)
+if not whole then
+  for j, l in ipairs(limits) do
+    reset_before[j] = reset(l)
+    full_before[j] = full_for(l)
+  end
 end
 
 local reply = { applied and 1 or 0, now }
@@ -475,10 +479,11 @@ for j, l in ipairs(limits) do
   reply[#reply + 1] = l.used
   reply[#reply + 1] = l.pending
   reply[#reply + 1] = l.over and 1 or 0
-    reply[#reply + 1] = reset_before[j]
-    reply[#reply + 1] = reset(l)
-  reply[#reply + 1] = full_before[j]
-  reply[#reply + 1] = full_for(l)
+      local reset_after, full_after = reset(l), full_for(l)
+  reply[#reply + 1] = reset_before[j] or reset_after
+  reply[#reply + 1] = reset_after
+  reply[#reply + 1] = full_before[j] or full_after
+  reply[#reply + 1] = full_after
   reply[#reply + 1] = slot
 end
 
