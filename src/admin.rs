@@ -229,7 +229,8 @@ impl JsonRequest {
                     None => None,
                     Some(l) => Some(Override {
                         requests_per_unit: l.requests_per_unit,
-                        unit: parse_unit(&l.unit)?,
+                        unit: Unit::from_proto_name(&l.unit)
+                            .ok_or_else(|| format!("invalid limit unit '{}'", l.unit))?,
                     }),
                 };
                 let hits_addend = match d.hits_addend {
@@ -258,31 +259,6 @@ impl JsonRequest {
             descriptors,
             hits_addend: self.hits_addend,
         })
-    }
-}
-
-fn parse_unit(text: &str) -> Result<Unit, String> {
-    Ok(match text.to_ascii_uppercase().as_str() {
-        "SECOND" => Unit::Second,
-        "MINUTE" => Unit::Minute,
-        "HOUR" => Unit::Hour,
-        "DAY" => Unit::Day,
-        "MONTH" => Unit::Month,
-        "YEAR" => Unit::Year,
-        _ => return Err(format!("invalid limit unit '{text}'")),
-    })
-}
-
-fn unit_name(unit: Unit) -> &'static str {
-    match unit {
-        Unit::Unknown => "UNKNOWN",
-        Unit::Second => "SECOND",
-        Unit::Minute => "MINUTE",
-        Unit::Hour => "HOUR",
-        Unit::Day => "DAY",
-        Unit::Week => "WEEK",
-        Unit::Month => "MONTH",
-        Unit::Year => "YEAR",
     }
 }
 
@@ -335,7 +311,7 @@ impl JsonResponse {
                     current_limit: s.limit.as_ref().map(|l| JsonLimit {
                         name: l.name.as_deref().unwrap_or_default().to_owned(),
                         requests_per_unit: u32::try_from(l.requests).unwrap_or(u32::MAX),
-                        unit: unit_name(l.unit),
+                        unit: l.unit.proto_name(),
                     }),
                     limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
                     duration_until_reset: s

@@ -10,7 +10,7 @@ use clap::Parser as _;
 use sluice::cli::{CheckConfigArgs, Cli, Command, ServeArgs};
 use sluice::decision::Limiter;
 use sluice::limiter::SystemClock;
-use sluice::rules::RulesSource;
+use sluice::rules::{RuleSet, RulesSource};
 use sluice::server::{self, Listeners};
 use sluice::settings::Settings;
 use sluice::store::{Breaker, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore};
@@ -95,40 +95,33 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                         .await?;
                 started(&format!("redis {}", redis.url))?;
                 let store = Breaker::new(store, settings.breaker(), Arc::new(SystemClock));
-                let limiter = Arc::new(Limiter::with_options(
-                    rules,
+                let limiter = serve_with(
                     store,
-                    settings.limiter_options(),
-                ));
-                limiter.metrics().record_rules_loaded(unix_now());
-                watch_rules(&source, &limiter, &shutdown)?;
-                server::run(
-                    limiter.clone(),
-                    settings.serve_options(),
+                    rules,
+                    &source,
+                    &settings,
                     listeners,
                     shutdown,
+                    |_| {},
                 )
                 .await?;
                 limiter.store().inner().quit().await;
             }
             None => {
-                let store = MemoryStore::new(
-                    &MemoryStoreConfig {
-                        max_keys: settings.memory_max_keys,
-                        ..Default::default()
-                    },
-                    Arc::new(SystemClock),
-                );
+                let config = MemoryStoreConfig {
+                    max_keys: settings.memory_max_keys,
+                    ..Default::default()
+                };
+                let store = MemoryStore::new(&config, Arc::new(SystemClock));
                 started("memory")?;
-                let limiter = Arc::new(Limiter::with_options(
-                    rules,
-                    store,
-                    settings.limiter_options(),
-                ));
-                limiter.metrics().record_rules_loaded(unix_now());
-                watch_rules(&source, &limiter, &shutdown)?;
-                tokio::spawn(sweep(limiter.clone(), shutdown.clone()));
-                server::run(limiter, settings.serve_options(), listeners, shutdown).await?;
+                let sweeper_stop = shutdown.clone();
+                let sweeper = move |limiter: &Arc<Limiter<MemoryStore>>| {
+                    tokio::spawn(sweep(limiter.clone(), sweeper_stop));
+                };
+                serve_with(
+                    store, rules, &source, &settings, listeners, shutdown, sweeper,
+                )
+                .await?;
             }
         }
         tracing::info!("sluice stopped");
@@ -141,6 +134,37 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     served
+}
+
+/// Puts `rules` in front of `store` and serves until shutdown: metrics,
+/// hot reload, `started` (store-specific tasks), then the listeners. Returns
+/// the limiter so the caller can close its store.
+#[allow(clippy::too_many_arguments)]
+async fn serve_with<S: CounterStore>(
+    store: S,
+    rules: RuleSet,
+    source: &RulesSource,
+    settings: &Settings,
+    listeners: Listeners,
+    shutdown: CancellationToken,
+    started: impl FnOnce(&Arc<Limiter<S>>),
+) -> anyhow::Result<Arc<Limiter<S>>> {
+    let limiter = Arc::new(Limiter::with_options(
+        rules,
+        store,
+        settings.limiter_options(),
+    ));
+    limiter.metrics().record_rules_loaded(unix_now());
+    watch_rules(source, &limiter, &shutdown)?;
+    started(&limiter);
+    server::run(
+        limiter.clone(),
+        settings.serve_options(),
+        listeners,
+        shutdown,
+    )
+    .await?;
+    Ok(limiter)
 }
 
 /// Reloads the rules on file changes and SIGHUP: a good set replaces the

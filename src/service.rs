@@ -117,30 +117,18 @@ pub fn from_pb(request: pb::RateLimitRequest) -> Result<Request, DecideError> {
 }
 
 fn override_unit(unit: i32, descriptor: usize) -> Result<Unit, DecideError> {
-    match pb::RateLimitUnit::try_from(unit) {
-        Ok(pb::RateLimitUnit::Second) => Ok(Unit::Second),
-        Ok(pb::RateLimitUnit::Minute) => Ok(Unit::Minute),
-        Ok(pb::RateLimitUnit::Hour) => Ok(Unit::Hour),
-        Ok(pb::RateLimitUnit::Day) => Ok(Unit::Day),
-        Ok(pb::RateLimitUnit::Month) => Ok(Unit::Month),
-        Ok(pb::RateLimitUnit::Year) => Ok(Unit::Year),
-        _ => Err(DecideError::InvalidArgument(format!(
-            "descriptor {descriptor}: limit override has unknown unit {unit}"
-        ))),
-    }
+    pb::RateLimitUnit::try_from(unit)
+        .ok()
+        .and_then(|u| Unit::from_proto_name(u.as_str_name()))
+        .ok_or_else(|| {
+            DecideError::InvalidArgument(format!(
+                "descriptor {descriptor}: limit override has unknown unit {unit}"
+            ))
+        })
 }
 
 fn unit_to_pb(unit: Unit) -> PbUnit {
-    match unit {
-        Unit::Unknown => PbUnit::Unknown,
-        Unit::Second => PbUnit::Second,
-        Unit::Minute => PbUnit::Minute,
-        Unit::Hour => PbUnit::Hour,
-        Unit::Day => PbUnit::Day,
-        Unit::Week => PbUnit::Week,
-        Unit::Month => PbUnit::Month,
-        Unit::Year => PbUnit::Year,
-    }
+    PbUnit::from_str_name(unit.proto_name()).unwrap_or(PbUnit::Unknown)
 }
 
 /// Builds the wire response for `decision`.

@@ -10,16 +10,13 @@ use std::io::{Read, Write};
 use std::process::Command;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    RateLimitDescriptor, rate_limit_descriptor,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice::headers::HeaderMode;
-use support::{Server, start_binary};
+use support::{Server, envoy_request, start_binary};
 use tokio_stream::StreamExt as _;
 
 const RULES: &str = r#"
@@ -31,26 +28,6 @@ descriptors:
     value: big
     rate_limit: {unlimited: true}
 "#;
-
-fn envoy_request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.into(),
-        descriptors: descriptors
-            .iter()
-            .map(|d| RateLimitDescriptor {
-                entries: d
-                    .iter()
-                    .map(|(k, v)| rate_limit_descriptor::Entry {
-                        key: (*k).into(),
-                        value: (*v).into(),
-                    })
-                    .collect(),
-                ..Default::default()
-            })
-            .collect(),
-        hits_addend: 0,
-    }
-}
 
 async fn channel(server: &Server) -> tonic::transport::Channel {
     tonic::transport::Endpoint::from_shared(server.uri())

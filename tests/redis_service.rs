@@ -9,16 +9,13 @@ mod support;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    RateLimitDescriptor, rate_limit_descriptor,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::store::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource};
-use support::redis::{RedisCluster, RedisServer};
+use support::redis::{RedisServer, shared, shared_cluster};
 use support::{Server, T0, start_binary};
 use tonic::transport::Channel;
 
@@ -54,34 +51,9 @@ fn rules_file() -> &'static str {
         .1
 }
 
-fn single() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(RedisServer::start)
-}
-
-fn cluster() -> &'static RedisCluster {
-    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
-    CLUSTER.get_or_init(RedisCluster::start)
-}
-
-fn request(descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "redis".into(),
-        descriptors: descriptors
-            .iter()
-            .map(|d| RateLimitDescriptor {
-                entries: d
-                    .iter()
-                    .map(|(k, v)| rate_limit_descriptor::Entry {
-                        key: (*k).into(),
-                        value: (*v).into(),
-                    })
-                    .collect(),
-                ..Default::default()
-            })
-            .collect(),
-        hits_addend: 0,
-    }
+/// A request in the `redis` domain of these tests.
+fn request_redis(descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    support::envoy_request("redis", descriptors)
 }
 
 async fn connect(addr: &str) -> RateLimitServiceClient<Channel> {
@@ -126,7 +98,7 @@ async fn admitted_of_200(addrs: &[String], client: &str) -> usize {
     let calls: Vec<_> = (0..200)
         .map(|i| {
             let mut c = clients[i % clients.len()].clone();
-            let req = request(&[&[("client", client)]]);
+            let req = request_redis(&[&[("client", client)]]);
             tokio::spawn(async move {
                 c.should_rate_limit(req)
                     .await
@@ -145,15 +117,15 @@ async fn admitted_of_200(addrs: &[String], client: &str) -> usize {
     admitted
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_sharing_one_redis_admit_exactly_the_limit() {
+/// Two `sluice` binaries on `url` with one key prefix; three rounds of 200
+/// concurrent calls against a limit of 5 must each admit exactly 5.
+async fn two_replicas_admit_exactly_the_limit(url: &str) {
     let prefix = support::unique_prefix();
-    let url = single().url();
     let args = [
         "--rules",
         rules_file(),
         "--redis-url",
-        &url,
+        url,
         "--redis-key-prefix",
         &prefix,
         "--redis-timeout-ms",
@@ -169,33 +141,20 @@ async fn two_replicas_sharing_one_redis_admit_exactly_the_limit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_sharing_one_redis_admit_exactly_the_limit() {
+    two_replicas_admit_exactly_the_limit(&shared().url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_sharing_one_redis_cluster_admit_exactly_the_limit() {
-    let prefix = support::unique_prefix();
-    let url = cluster().url();
-    let args = [
-        "--rules",
-        rules_file(),
-        "--redis-url",
-        &url,
-        "--redis-key-prefix",
-        &prefix,
-        "--redis-timeout-ms",
-        "2000",
-    ];
-    let (_a, addr_a) = start_binary(&args);
-    let (_b, addr_b) = start_binary(&args);
-    for round in 0..3 {
-        let admitted =
-            admitted_of_200(&[addr_a.clone(), addr_b.clone()], &format!("hot-{round}")).await;
-        assert_eq!(admitted, 5, "round {round}");
-    }
+    two_replicas_admit_exactly_the_limit(&shared_cluster().url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_spanning_cluster_slots_is_all_or_nothing_across_replicas() {
     let prefix = support::unique_prefix();
-    let a = server_sharing(&cluster().url(), Duration::from_secs(2), &prefix).await;
-    let b = server_sharing(&cluster().url(), Duration::from_secs(2), &prefix).await;
+    let a = server_sharing(&shared_cluster().url(), Duration::from_secs(2), &prefix).await;
+    let b = server_sharing(&shared_cluster().url(), Duration::from_secs(2), &prefix).await;
     let (mut ca, mut cb) = (connect(&a.uri()).await, connect(&b.uri()).await);
     // Ten clients spread over the slots, each also limited to 5.
     let clients: Vec<String> = (0..10).map(|i| format!("spread-{i}")).collect();
@@ -207,7 +166,7 @@ async fn a_request_spanning_cluster_slots_is_all_or_nothing_across_replicas() {
     let calls: Vec<_> = (0..60)
         .map(|i| {
             let mut c = if i % 2 == 0 { ca.clone() } else { cb.clone() };
-            let req = request(&slices);
+            let req = request_redis(&slices);
             tokio::spawn(async move {
                 c.should_rate_limit(req)
                     .await
@@ -229,7 +188,7 @@ async fn a_request_spanning_cluster_slots_is_all_or_nothing_across_replicas() {
     // the admitted requests once the refunds are in.
     assert!(admitted <= 5, "admitted {admitted}");
     for client in &clients {
-        let mut check = request(&[&[("client", client)]]);
+        let mut check = request_redis(&[&[("client", client)]]);
         check.descriptors[0].hits_addend =
             Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
         let r = cb.should_rate_limit(check).await.unwrap().into_inner();
@@ -238,14 +197,14 @@ async fn a_request_spanning_cluster_slots_is_all_or_nothing_across_replicas() {
     // Without contention the multi-slot path admits exactly up to the limit.
     for n in admitted..5 {
         let r = ca
-            .should_rate_limit(request(&slices))
+            .should_rate_limit(request_redis(&slices))
             .await
             .unwrap()
             .into_inner();
         assert_eq!(r.overall_code, Code::Ok as i32, "request {} of 5", n + 1);
     }
     let r = ca
-        .should_rate_limit(request(&slices))
+        .should_rate_limit(request_redis(&slices))
         .await
         .unwrap()
         .into_inner();
@@ -256,11 +215,11 @@ async fn a_request_spanning_cluster_slots_is_all_or_nothing_across_replicas() {
 
 #[tokio::test]
 async fn hostile_values_never_share_a_counter_or_choose_a_slot() {
-    let server = server_on(&single().url(), Duration::from_secs(2)).await;
+    let server = server_on(&shared().url(), Duration::from_secs(2)).await;
     let mut c = connect(&server.uri()).await;
     // envoyproxy/ratelimit's `domain_key_value_` keys make these two collide.
     assert_eq!(
-        c.should_rate_limit(request(&[&[("a_b", "c")]]))
+        c.should_rate_limit(request_redis(&[&[("a_b", "c")]]))
             .await
             .unwrap()
             .into_inner()
@@ -268,7 +227,7 @@ async fn hostile_values_never_share_a_counter_or_choose_a_slot() {
         Code::Ok as i32
     );
     assert_eq!(
-        c.should_rate_limit(request(&[&[("a", "b_c")]]))
+        c.should_rate_limit(request_redis(&[&[("a", "b_c")]]))
             .await
             .unwrap()
             .into_inner()
@@ -302,7 +261,7 @@ async fn hostile_values_never_share_a_counter_or_choose_a_slot() {
     ];
     for v in values {
         let r = c
-            .should_rate_limit(request(&[&[("k", v)]]))
+            .should_rate_limit(request_redis(&[&[("k", v)]]))
             .await
             .unwrap()
             .into_inner();
@@ -315,7 +274,7 @@ async fn hostile_values_never_share_a_counter_or_choose_a_slot() {
     }
     for v in values {
         let r = c
-            .should_rate_limit(request(&[&[("k", v)]]))
+            .should_rate_limit(request_redis(&[&[("k", v)]]))
             .await
             .unwrap()
             .into_inner();
@@ -326,7 +285,7 @@ async fn hostile_values_never_share_a_counter_or_choose_a_slot() {
             &v[..v.len().min(20)]
         );
     }
-    let keys = single().command(&["KEYS", "*"]);
+    let keys = shared().command(&["KEYS", "*"]);
     let ours: Vec<&str> = keys.lines().filter(|k| k.contains("test:")).collect();
     assert!(ours.len() >= values.len() + 2, "{keys}");
     for key in ours {
@@ -365,7 +324,7 @@ async fn a_killed_redis_gives_unavailable_fast_and_recovery_is_clean() {
     let mut redis = RedisServer::start();
     let server = server_on(&redis.url(), Duration::from_millis(250)).await;
     let mut c = connect(&server.uri()).await;
-    let req = request(&[&[("client", "k")]]);
+    let req = request_redis(&[&[("client", "k")]]);
     assert_eq!(
         c.should_rate_limit(req.clone())
             .await
@@ -406,7 +365,7 @@ async fn a_hung_redis_times_out_as_unavailable_and_recovers() {
     let redis = RedisServer::start();
     let server = server_on(&redis.url(), Duration::from_millis(100)).await;
     let mut c = connect(&server.uri()).await;
-    let req = request(&[&[("client", "h")]]);
+    let req = request_redis(&[&[("client", "h")]]);
     assert_eq!(
         c.should_rate_limit(req.clone())
             .await
@@ -431,7 +390,7 @@ async fn a_hung_redis_times_out_as_unavailable_and_recovers() {
         (Code::OverLimit as i32, 0)
     );
     let fresh = c
-        .should_rate_limit(request(&[&[("client", "h2")]]))
+        .should_rate_limit(request_redis(&[&[("client", "h2")]]))
         .await
         .unwrap()
         .into_inner();
@@ -463,7 +422,7 @@ async fn acl_users_authenticate_and_wrong_passwords_fail_unavailable() {
     .await;
     let mut c = connect(&good.uri()).await;
     let r = c
-        .should_rate_limit(request(&[&[("client", "acl")]]))
+        .should_rate_limit(request_redis(&[&[("client", "acl")]]))
         .await
         .unwrap()
         .into_inner();
@@ -487,7 +446,7 @@ async fn acl_users_authenticate_and_wrong_passwords_fail_unavailable() {
     let bad = Server::start_with_store(RULES, HeaderMode::Off, store, clock).await;
     let mut c = connect(&bad.uri()).await;
     let err = c
-        .should_rate_limit(request(&[&[("client", "acl")]]))
+        .should_rate_limit(request_redis(&[&[("client", "acl")]]))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
@@ -510,12 +469,12 @@ async fn each_request_is_one_script_call_that_moves_the_ttl_only_when_needed() {
     let redis = RedisServer::start();
     let server = server_on(&redis.url(), Duration::from_secs(2)).await;
     let mut c = connect(&server.uri()).await;
-    c.should_rate_limit(request(&[&[("three", "warm-up")]]))
+    c.should_rate_limit(request_redis(&[&[("three", "warm-up")]]))
         .await
         .unwrap();
     redis.command(&["CONFIG", "RESETSTAT"]);
     for i in 0..10 {
-        let req = request(&[
+        let req = request_redis(&[
             &[("three", "t")],
             &[("client", "c")],
             &[("a", &format!("x{}", i % 2))],
@@ -582,7 +541,7 @@ async fn a_hot_over_limit_key_costs_redis_nothing_until_it_can_fit_again() {
     let server = Server::start_with_limiter(cached.clone(), HeaderMode::Off, clock.clone()).await;
     let probe = Server::start_with_limiter(direct, HeaderMode::Off, clock.clone()).await;
     let (mut c, mut p) = (connect(&server.uri()).await, connect(&probe.uri()).await);
-    let ask = |key: &'static str| request(&[&[(key, "hot")]]);
+    let ask = |key: &'static str| request_redis(&[&[(key, "hot")]]);
     let fits_in_redis = |p: &mut RateLimitServiceClient<Channel>, key: &'static str| {
         let mut look = ask(key);
         look.descriptors[0].hits_addend =

@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::limiter::{Algorithm, Clock, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
@@ -14,20 +14,10 @@ use sluice::store::{
     Batch, BatchItem, BatchOutcome, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore,
     TimeSource,
 };
-use support::redis::{RedisCluster, RedisServer};
+use support::redis::{shared, shared_cluster};
 
 /// Aligned to an hour, so windows and buckets start at known instants.
 const T0: u64 = 1_699_999_200_000;
-
-fn single() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(RedisServer::start)
-}
-
-fn cluster() -> &'static RedisCluster {
-    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
-    CLUSTER.get_or_init(RedisCluster::start)
-}
 
 /// A Redis store in local time mode, so the manual clock drives it. The
 /// timeout is generous: this suite checks results, not latency, on a busy box.
@@ -553,7 +543,7 @@ macro_rules! suite {
                 #[tokio::test]
                 async fn $case() {
                     let clock = Arc::new(ManualClock::new(T0));
-                    let store = redis_store(single().url(), clock.clone()).await;
+                    let store = redis_store(shared().url(), clock.clone()).await;
                     cases::$case(&store, &clock).await;
                     store.quit().await;
                 }
@@ -565,7 +555,7 @@ macro_rules! suite {
                 #[tokio::test]
                 async fn $case() {
                     let clock = Arc::new(ManualClock::new(T0));
-                    let store = redis_store(cluster().url(), clock.clone()).await;
+                    let store = redis_store(shared_cluster().url(), clock.clone()).await;
                     cases::$case(&store, &clock).await;
                     store.quit().await;
                 }
@@ -677,12 +667,12 @@ mod equivalence {
 
         #[test]
         fn memory_and_redis_decide_identically(steps in prop::collection::vec(step(), 1..40)) {
-            run(|| single().url(), steps)?;
+            run(|| shared().url(), steps)?;
         }
 
         #[test]
         fn memory_and_redis_cluster_decide_identically(steps in prop::collection::vec(step(), 1..40)) {
-            run(|| cluster().url(), steps)?;
+            run(|| shared_cluster().url(), steps)?;
         }
     }
 }

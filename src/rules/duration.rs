@@ -43,6 +43,29 @@ impl Unit {
             .map_or(Unit::Unknown, |(_, u, _)| *u)
     }
 
+    /// The name Envoy's protobuf enums use: `SECOND`, `MINUTE`, …, `UNKNOWN`.
+    pub fn proto_name(self) -> &'static str {
+        match self {
+            Unit::Unknown => "UNKNOWN",
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Week => "WEEK",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+        }
+    }
+
+    /// The named unit for a protobuf enum name (any case); `None` for
+    /// `UNKNOWN` or anything else.
+    pub fn from_proto_name(name: &str) -> Option<Unit> {
+        NAMED
+            .iter()
+            .find(|(n, _, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, u, _)| *u)
+    }
+
     /// The length of a named unit in milliseconds.
     pub fn millis(self) -> Option<u64> {
         NAMED

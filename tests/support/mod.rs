@@ -288,3 +288,31 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Str
         .map_or(String::new(), |(_, b)| b.to_owned());
     (status, body)
 }
+
+/// A request built with Envoy's own published protos (`envoy-types`), so
+/// tests check our `proto/` against the real wire contract.
+pub fn envoy_request(
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+        RateLimitDescriptor, rate_limit_descriptor::Entry,
+    };
+    envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors
+            .iter()
+            .map(|d| RateLimitDescriptor {
+                entries: d
+                    .iter()
+                    .map(|(k, v)| Entry {
+                        key: (*k).into(),
+                        value: (*v).into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}

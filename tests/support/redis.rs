@@ -858,3 +858,16 @@ fn crc16(data: &[u8]) -> u16 {
     }
     crc
 }
+
+/// One standalone server shared by every test of a test binary (tests keep
+/// apart by key prefix); it dies with the test process.
+pub fn shared() -> &'static RedisServer {
+    static SERVER: std::sync::OnceLock<RedisServer> = std::sync::OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+/// One 3-master cluster shared by every test of a test binary.
+pub fn shared_cluster() -> &'static RedisCluster {
+    static CLUSTER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
