@@ -67,6 +67,8 @@ pub struct Settings {
     pub on_store_error: crate::decision::StoreErrorPolicy,
     /// Consecutive store failures that open the circuit breaker.
     pub breaker_failures: u32,
+    /// How long those failures must have lasted, in milliseconds.
+    pub breaker_min_failing_ms: u64,
     /// How long the open breaker refuses store calls, in milliseconds.
     pub breaker_cooldown_ms: u64,
     /// Share of a limit from which admitted hits count as near the limit.
@@ -106,6 +108,7 @@ impl Default for Settings {
             shutdown_grace_ms: 10_000,
             on_store_error: crate::decision::StoreErrorPolicy::Unavailable,
             breaker_failures: 5,
+            breaker_min_failing_ms: 500,
             breaker_cooldown_ms: 1_000,
             near_limit_ratio: 0.8,
             metrics_max_descriptors: 1_000,
@@ -209,6 +212,12 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub breaker_failures: Option<u32>,
+    /// ... and only once they have lasted this long, in milliseconds, so one
+    /// short stall failing every request in flight does not open it
+    /// [default: 500]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker_min_failing_ms: Option<u64>,
     /// How long the open circuit breaker refuses store calls, in
     /// milliseconds [default: 1000]
     #[arg(long, value_name = "MS")]
@@ -366,6 +375,7 @@ impl Settings {
     pub fn breaker(&self) -> crate::store::BreakerConfig {
         crate::store::BreakerConfig {
             failures: self.breaker_failures.max(1),
+            min_failing: std::time::Duration::from_millis(self.breaker_min_failing_ms),
             cooldown: std::time::Duration::from_millis(self.breaker_cooldown_ms),
         }
     }

@@ -277,6 +277,7 @@ async fn server_with_redis_down(
 async fn the_store_error_policy_decides_what_to_answer() {
     let breaker = BreakerConfig {
         failures: 1_000,
+        min_failing: Duration::ZERO,
         cooldown: Duration::from_secs(1),
     };
     for (policy, status, fragment) in [
@@ -301,6 +302,7 @@ async fn the_store_error_policy_decides_what_to_answer() {
 async fn an_open_breaker_fails_fast_without_calling_the_store() {
     let breaker = BreakerConfig {
         failures: 3,
+        min_failing: Duration::ZERO,
         cooldown: Duration::from_secs(3_600),
     };
     let (server, metrics) = server_with_redis_down(StoreErrorPolicy::Unavailable, breaker).await;

@@ -1,8 +1,11 @@
-//! A circuit breaker around any store: after `failures` consecutive errors
-//! it stops calling the store for `cooldown` and fails at once, so while
-//! Redis is down no request waits for a timeout. After the cooldown, calls go
-//! through again; the first success closes the breaker, the first failure
-//! opens it again.
+//! A circuit breaker around any store: once the store has failed `failures`
+//! times in a row over at least `min_failing` (no success in between), it
+//! stops calling the store for `cooldown` and fails at once, so while Redis is
+//! down no request waits for a timeout. The time span matters: with many
+//! requests in flight, one short stall fails them all at once, and that must
+//! not turn a 50 ms hiccup into a second of refusals. After the cooldown,
+//! calls go through again; the first success closes the breaker, the first
+//! failure opens it again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -16,6 +19,8 @@ use crate::limiter::Clock;
 pub struct BreakerConfig {
     /// Consecutive failures that open the breaker.
     pub failures: u32,
+    /// How long the failures must have lasted, at least.
+    pub min_failing: Duration,
     /// How long it stays open.
     pub cooldown: Duration,
 }
@@ -24,6 +29,7 @@ impl Default for BreakerConfig {
     fn default() -> Self {
         Self {
             failures: 5,
+            min_failing: Duration::from_millis(500),
             cooldown: Duration::from_secs(1),
         }
     }
@@ -36,6 +42,8 @@ pub struct Breaker<S> {
     clock: Arc<dyn Clock>,
     /// Atomics: every request reads them, without a lock.
     failures: AtomicU32,
+    /// When the current run of failures began (0: none since the last success).
+    failing_since: AtomicU64,
     open_until: AtomicU64,
 }
 
@@ -47,6 +55,7 @@ impl<S> Breaker<S> {
             config,
             clock,
             failures: AtomicU32::new(0),
+            failing_since: AtomicU64::new(0),
             open_until: AtomicU64::new(0),
         }
     }
@@ -75,14 +84,28 @@ impl<S: CounterStore> CounterStore for Breaker<S> {
         }
         let result = self.inner.apply(batch).await;
         match &result {
-            Ok(_) => self.failures.store(0, Ordering::Relaxed),
+            Ok(_) => {
+                self.failures.store(0, Ordering::Relaxed);
+                self.failing_since.store(0, Ordering::Relaxed);
+            }
             Err(_) => {
+                let failed_at = self.clock.now().max(1);
+                let _ = self.failing_since.compare_exchange(
+                    0,
+                    now.max(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                let since = self.failing_since.load(Ordering::Relaxed);
                 let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-                if failures >= self.config.failures {
+                let span = failed_at.saturating_sub(since);
+                if failures >= self.config.failures
+                    && u128::from(span) >= self.config.min_failing.as_millis()
+                {
                     let cooldown =
                         u64::try_from(self.config.cooldown.as_millis()).unwrap_or(u64::MAX);
                     self.open_until
-                        .store(self.clock.now().saturating_add(cooldown), Ordering::Relaxed);
+                        .store(failed_at.saturating_add(cooldown), Ordering::Relaxed);
                 }
             }
         }
@@ -123,6 +146,7 @@ mod tests {
         let clock = Arc::new(ManualClock::new(1_000));
         let config = BreakerConfig {
             failures: 3,
+            min_failing: Duration::ZERO,
             cooldown: Duration::from_millis(500),
         };
         let breaker = Breaker::new(Flaky::default(), config, clock.clone());
@@ -162,10 +186,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_short_burst_of_failures_does_not_open_it() {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let config = BreakerConfig {
+            failures: 3,
+            min_failing: Duration::from_millis(500),
+            cooldown: Duration::from_secs(1),
+        };
+        let breaker = Breaker::new(Flaky::default(), config, clock.clone());
+        breaker.inner().failing.store(true, Ordering::Relaxed);
+        // Thirty requests in flight during one 50 ms stall all fail together.
+        for _ in 0..30 {
+            let _ = breaker.apply(&Batch::default()).await;
+        }
+        clock.advance(50);
+        assert!(!breaker.is_open(), "a stall shorter than min_failing");
+        // Failures that go on for the span open it.
+        clock.advance(450);
+        let _ = breaker.apply(&Batch::default()).await;
+        assert!(breaker.is_open());
+    }
+
+    #[tokio::test]
     async fn a_success_resets_the_count() {
         let clock = Arc::new(ManualClock::new(0));
         let config = BreakerConfig {
             failures: 2,
+            min_failing: Duration::ZERO,
             cooldown: Duration::from_secs(1),
         };
         let breaker = Breaker::new(Flaky::default(), config, clock);
