@@ -88,17 +88,17 @@ async fn server_sharing(url: &str, timeout: Duration, prefix: &str) -> Server {
     Server::start_with_store(RULES, HeaderMode::Off, store, clock).await
 }
 
-/// Fires 200 concurrent calls for one client, alternating between `addrs`,
-/// and counts the admitted ones.
-async fn admitted_of_200(addrs: &[String], client: &str) -> usize {
-    let mut clients = Vec::new();
-    for addr in addrs {
-        clients.push(connect(addr).await);
-    }
-    let calls: Vec<_> = (0..200)
+/// Fires `n` copies of `request` at once, round-robin over `clients`, and
+/// counts the admitted ones.
+async fn concurrent_admitted(
+    clients: &[RateLimitServiceClient<Channel>],
+    n: usize,
+    request: &RateLimitRequest,
+) -> usize {
+    let calls: Vec<_> = (0..n)
         .map(|i| {
             let mut c = clients[i % clients.len()].clone();
-            let req = request_redis(&[&[("client", client)]]);
+            let req = request.clone();
             tokio::spawn(async move {
                 c.should_rate_limit(req)
                     .await
@@ -115,6 +115,16 @@ async fn admitted_of_200(addrs: &[String], client: &str) -> usize {
         }
     }
     admitted
+}
+
+/// Fires 200 concurrent calls for one client, alternating between `addrs`,
+/// and counts the admitted ones.
+async fn admitted_of_200(addrs: &[String], client: &str) -> usize {
+    let mut clients = Vec::new();
+    for addr in addrs {
+        clients.push(connect(addr).await);
+    }
+    concurrent_admitted(&clients, 200, &request_redis(&[&[("client", client)]])).await
 }
 
 /// Two `sluice` binaries on `url` with one key prefix; three rounds of 200
@@ -163,25 +173,8 @@ async fn a_request_spanning_cluster_slots_is_all_or_nothing_across_replicas() {
         .map(|c| vec![("client", c.as_str())])
         .collect();
     let slices: Vec<&[(&str, &str)]> = descriptors.iter().map(Vec::as_slice).collect();
-    let calls: Vec<_> = (0..60)
-        .map(|i| {
-            let mut c = if i % 2 == 0 { ca.clone() } else { cb.clone() };
-            let req = request_redis(&slices);
-            tokio::spawn(async move {
-                c.should_rate_limit(req)
-                    .await
-                    .expect("answer")
-                    .into_inner()
-                    .overall_code
-            })
-        })
-        .collect();
-    let mut admitted = 0;
-    for call in calls {
-        if call.await.unwrap() == Code::Ok as i32 {
-            admitted += 1;
-        }
-    }
+    let admitted =
+        concurrent_admitted(&[ca.clone(), cb.clone()], 60, &request_redis(&slices)).await;
     // Never beyond the limit. Concurrent requests may see hits that are about
     // to be refunded and be rejected (the documented transient: in a burst
     // like this one, even all of them), but every counter must hold exactly
@@ -192,7 +185,11 @@ async fn a_request_spanning_cluster_slots_is_all_or_nothing_across_replicas() {
         check.descriptors[0].hits_addend =
             Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
         let r = cb.should_rate_limit(check).await.unwrap().into_inner();
-        assert_eq!(r.statuses[0].limit_remaining, 5 - admitted, "{client}");
+        assert_eq!(
+            r.statuses[0].limit_remaining as usize,
+            5 - admitted,
+            "{client}"
+        );
     }
     // Without contention the multi-slot path admits exactly up to the limit.
     for n in admitted..5 {
