@@ -237,8 +237,6 @@ fn init_installs_the_global_subscriber_once() {
 
     let again = telemetry::init(LogFormat::Human, "info", None, "sluice");
     assert!(matches!(again, Err(TelemetryError::AlreadyInstalled(_))));
-    // The old entry point still ignores an installed subscriber.
-    telemetry::init_logging(LogFormat::Human, "info");
 }
 
 /// A collector that hands each export request to the test.

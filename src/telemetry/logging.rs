@@ -71,12 +71,3 @@ pub fn init(
     }
     Ok(TelemetryGuard::new(provider))
 }
-
-/// Installs the global log subscriber alone (no trace export), writing to
-/// stderr. `filter` uses the env-filter syntax; an invalid one falls back to
-/// `info` with a warning. Does nothing if a subscriber is already installed.
-pub fn init_logging(format: LogFormat, filter: &str) {
-    // Without an endpoint the only possible error is an existing subscriber,
-    // which has always been ignored here.
-    let _ = init(format, filter, None, env!("CARGO_PKG_NAME"));
-}

@@ -5,5 +5,5 @@ mod logging;
 pub mod metrics;
 pub mod traces;
 
-pub use logging::{init, init_logging};
+pub use logging::init;
 pub use traces::{TelemetryError, TelemetryGuard};
