@@ -81,6 +81,114 @@ local function ceil_div(a, b)
   return q
 end
 
+-- Fast path: the whole request is one key with one sliding or fixed
+-- window (the common shape). Same state, same arithmetic and same reply as
+-- the general path below, without its tables: in Redis's Lua, tables,
+-- closures and number-to-string conversions cost more than the commands.
+-- It gives way to the general path when buckets must leave the window or
+-- the clock stepped back.
+local function fast()
+  local key, role, hits = KEYS[1], ARGV[3], tonumber(ARGV[4])
+  local requests, d = tonumber(ARGV[6]), tonumber(ARGV[7])
+  local applied, over, used, slot, reset, full
+  if ARGV[8] == '0' then
+    local p = tonumber(ARGV[9])
+    local oldest, cur = floor((now - d) / p), floor(now / p)
+    if oldest == cur then
+      return nil
+    end
+    local f = ARGV[7] .. ':' .. ARGV[9] .. ':'
+    local ft, fo, fn, fc = f .. 't', f .. 'o', f .. 'n', f .. cur
+    local v = redis.call('HMGET', key, 'x', ft, fo, fn, f .. oldest, fc)
+    local x, t, o, n = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]), tonumber(v[4])
+    if t > 0 and (o < oldest or n > cur) then
+      return nil
+    end
+    local co = tonumber(v[5])
+    local inside = (oldest + 1) * p - (now - d)
+    local partial = co and inside < p
+    used = t
+    if t > 0 and o == oldest and partial then
+      used = t - co + ceil(co * inside / p)
+    end
+    over = used + hits > requests
+    applied = not over or role == '1'
+    slot = -1
+    if applied and hits > 0 then
+      if t == 0 then
+        o = cur
+      end
+      n, t, slot = cur, t + hits, cur
+      local expiry = (cur + 1) * p + d
+      if expiry > x then
+        redis.call('HSET', key, fc, (tonumber(v[6]) or 0) + hits, ft, t, fo, o, fn, n, 'x', expiry)
+        redis.call('PEXPIRE', key, expiry - now + 1000)
+      else
+        redis.call('HSET', key, fc, (tonumber(v[6]) or 0) + hits, ft, t, fo, o, fn, n)
+      end
+    end
+    if t == 0 then
+      reset = (cur + 1) * p + d - now
+    else
+      reset = (o + 1) * p + d - now
+    end
+    if requests == 0 then
+      full = d
+    elseif t == 0 then
+      full = 0
+    else
+      if o == oldest and partial then
+        local others = t - co
+        if others >= requests then
+          full = inside
+        else
+          full = inside - min(idiv((requests - 1 - others) * p, co), inside)
+        end
+      elseif t >= requests then
+        full = max(o * p + d - now, 0)
+      else
+        full = 0
+      end
+    end
+  else
+    local window = floor(now / d)
+    local f = ARGV[7] .. ':f:'
+    local fw, fc = f .. 'w', f .. 'c'
+    local v = redis.call('HMGET', key, 'x', fw, fc)
+    local x, w, c = tonumber(v[1]) or 0, tonumber(v[2]), tonumber(v[3]) or 0
+    if w ~= window then
+      c = 0
+    end
+    used = c
+    over = c + hits > requests
+    applied = not over or role == '1'
+    slot = -1
+    if applied and hits > 0 then
+      w, c, slot = window, c + hits, window
+      local expiry = (window + 1) * d
+      if expiry > x then
+        redis.call('HSET', key, fw, w, fc, c, 'x', expiry)
+        redis.call('PEXPIRE', key, expiry - now + 1000)
+      else
+        redis.call('HSET', key, fw, w, fc, c)
+      end
+    end
+    reset = (window + 1) * d - now
+    full = 0
+    if w == window and c >= requests then
+      full = reset
+    end
+  end
+  return { applied and 1 or 0, now, used, 0, over and 1 or 0, reset, reset, full, full, slot }
+end
+
+if whole and #KEYS == 1 and ARGV[5] == '1' and (ARGV[8] == '0' or ARGV[8] == '1') then
+  local reply = fast()
+  if reply then
+    return reply
+  end
+end
+
 -- Per key: fields to read, states to fill, and writes to make at the end.
 local keys, by_key = {}, {}
 local function key_state(key)
