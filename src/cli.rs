@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::bench::BenchArgs;
 use crate::query::QueryArgs;
 use crate::settings::SettingsFlags;
 
@@ -25,6 +26,8 @@ pub enum Command {
     CheckConfig(CheckConfigArgs),
     /// Send one ShouldRateLimit request and print the decision.
     Query(QueryArgs),
+    /// Load-test any RLS server: decisions/s, latency percentiles, Redis cost per decision.
+    Bench(Box<BenchArgs>),
 }
 
 /// `sluice serve`.

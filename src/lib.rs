@@ -14,8 +14,8 @@
 //!   time, the clock, and the injective counter keys;
 //! - [`reload`] watches the rules files (and SIGHUP) and reloads them,
 //!   keeping the rules in force when a reload fails;
-//! - [`settings`], [`cli`], [`query`], [`telemetry`] and [`headers`] serve
-//!   the binary.
+//! - [`settings`], [`cli`], [`query`], [`bench`], [`telemetry`] and
+//!   [`headers`] serve the binary.
 //!
 //! `rules` and `limiter` import no tokio, tonic or fred.
 
@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod bench;
 pub mod cli;
 pub mod decision;
 pub mod headers;

@@ -29,6 +29,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(*args),
         Command::CheckConfig(args) => Ok(check_config(&args)),
         Command::Query(args) => query(&args),
+        Command::Bench(args) => bench(&args),
     };
     result.unwrap_or_else(|e| {
         eprintln!("sluice: {e:#}");
@@ -258,4 +259,14 @@ fn query(args: &sluice::query::QueryArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+fn bench(args: &sluice::bench::BenchArgs) -> anyhow::Result<ExitCode> {
+    let report = runtime()?.block_on(sluice::bench::run(args, !args.json))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(ExitCode::SUCCESS)
 }

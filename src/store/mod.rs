@@ -9,7 +9,7 @@ mod redis;
 
 pub use breaker::{Breaker, BreakerConfig};
 pub use memory::{MemoryStore, MemoryStoreConfig};
-pub use redis::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource};
+pub use redis::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource, server_info};
 
 use std::future::Future;
 use std::time::Duration;

@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::LuaInterface;
+use fred::interfaces::{ClusterInterface, LuaInterface};
 use fred::prelude::{
     Builder, ClientLike, Config, Options, ReconnectPolicy, Server, ServerConfig, TlsConnector,
 };
@@ -217,6 +217,44 @@ fn percent_decode(text: &str) -> Result<String, String> {
 
 fn unavailable(e: impl fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
+}
+
+/// `INFO commandstats` and `INFO cpu` of every primary that `url` names: the
+/// one server, or each primary of a cluster. For `sluice bench`, which reads
+/// what a run cost the Redis behind any RLS server.
+pub async fn server_info(url: &RedisUrl) -> Result<Vec<String>, StoreError> {
+    let config = parse_url(url)
+        .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL {url}: {e}")))?;
+    let cluster = matches!(config.server, ServerConfig::Clustered { .. });
+    let client = Builder::from_config(config)
+        .with_connection_config(|c| c.connection_timeout = Duration::from_secs(5))
+        .build()
+        .map_err(unavailable)?;
+    client.init().await.map_err(unavailable)?;
+    // `None`: the one server the client is connected to.
+    let servers: Vec<Option<Server>> = if cluster {
+        client
+            .cached_cluster_state()
+            .map(|state| state.unique_primary_nodes())
+            .unwrap_or_default()
+            .into_iter()
+            .map(Some)
+            .collect()
+    } else {
+        vec![None]
+    };
+    let mut texts = Vec::with_capacity(servers.len());
+    for server in servers {
+        let args = vec![Value::from("commandstats"), Value::from("cpu")];
+        let command = CustomCommand::new_static("INFO", ClusterHash::Random, false);
+        let text = match server {
+            Some(server) => client.with_cluster_node(server).custom(command, args).await,
+            None => client.custom(command, args).await,
+        };
+        texts.push(text.map_err(unavailable)?);
+    }
+    let _ = client.quit().await;
+    Ok(texts)
 }
 
 impl RedisStore {
