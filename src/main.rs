@@ -23,6 +23,12 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 /// fail UNAVAILABLE until Redis answers).
 const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// mimalloc: a decision allocates and frees many small buffers (HTTP/2
+/// frames, protobuf messages) across threads, where glibc's allocator spent
+/// about a tenth of the service's CPU in profiles.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {

@@ -39,11 +39,11 @@ impl<S: CounterStore> pb::RateLimitService for RateLimitService<S> {
         request: GrpcRequest<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, GrpcStatus> {
         let started = Instant::now();
-        let span = traces::rate_limit_span(
+        let span = traces::request_span(
             &request.get_ref().domain,
             request.get_ref().descriptors.len(),
+            request.metadata(),
         );
-        traces::set_parent(&span, traces::parent_context(request.metadata()));
         let result = match from_pb(request.into_inner()) {
             Ok(request) => self.limiter.decide(&request).instrument(span.clone()).await,
             Err(e) => Err(e),
