@@ -5,11 +5,12 @@
 //! Protobuf-free: `service.rs` converts in and out. Rules are swapped
 //! atomically on reload; a request sees one rule set from start to end.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use parking_lot::RwLock;
 
 use crate::limiter::{
     Algorithm, Clock, IdentityBuilder, LimitSpec, Millis, Role, SystemClock, Window,
@@ -18,7 +19,7 @@ use crate::overlimit::OverLimitCache;
 use crate::request::{Descriptor, Request};
 use crate::rules::{DEFAULT_BUCKETS, Limit, Rule, RuleSet, Unit};
 use crate::store::{Batch, BatchItem, CounterStore, LimitOutcome, StoreError};
-use crate::telemetry::metrics::{LimitEvent, LimitLabels, Metrics};
+use crate::telemetry::metrics::{LimitCounters, LimitEvent, LimitLabels, Metrics};
 
 /// Limits on the size of one request, so no request can cost unbounded work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,6 +132,8 @@ enum Plan<'r> {
 
 /// A limit to check: from a rule, or from the request's override.
 struct PlannedLimit<'r> {
+    /// The rule's limit; `None` for an override.
+    source: Option<&'r Limit>,
     spec: LimitSpec,
     unit: Unit,
     name: Option<&'r Arc<str>>,
@@ -140,6 +143,7 @@ struct PlannedLimit<'r> {
 impl<'r> From<&'r Limit> for PlannedLimit<'r> {
     fn from(limit: &'r Limit) -> Self {
         Self {
+            source: Some(limit),
             spec: limit.spec,
             unit: limit.unit,
             name: limit.name.as_ref(),
@@ -209,10 +213,44 @@ impl Default for LimiterOptions {
     }
 }
 
+/// The rules in force and the metric counters of their limits, swapped
+/// together so a cached counter never outlives the limit it belongs to.
+struct Loaded {
+    rules: Arc<RuleSet>,
+    /// Counters per rule limit, keyed by the limit's address (stable while
+    /// `rules` lives) and made on first use: looking them up by labels would
+    /// allocate and hash three strings per limit per request. Read-mostly,
+    /// hence a read-write lock.
+    counters: RwLock<HashMap<usize, LimitCounters, foldhash::fast::RandomState>>,
+}
+
+impl Loaded {
+    fn new(rules: RuleSet) -> Self {
+        Self {
+            rules: Arc::new(rules),
+            counters: RwLock::default(),
+        }
+    }
+
+    /// Counts `event` on `limit`'s counters, made by `make` the first time.
+    fn record(&self, limit: &Limit, event: LimitEvent, make: impl FnOnce() -> LimitCounters) {
+        let key = std::ptr::from_ref(limit) as usize;
+        if let Some(counters) = self.counters.read().get(&key) {
+            counters.record(event);
+            return;
+        }
+        self.counters
+            .write()
+            .entry(key)
+            .or_insert_with(make)
+            .record(event);
+    }
+}
+
 /// Rules plus a store: the decision maker behind every interface.
 pub struct Limiter<S> {
     /// Swapped whole on reload; readers never block and never see a mix.
-    rules: ArcSwap<RuleSet>,
+    loaded: ArcSwap<Loaded>,
     store: S,
     bounds: Bounds,
     on_store_error: StoreErrorPolicy,
@@ -238,7 +276,7 @@ impl<S: CounterStore> Limiter<S> {
     /// A limiter with every option.
     pub fn with_options(rules: RuleSet, store: S, options: LimiterOptions) -> Self {
         Self {
-            rules: ArcSwap::from_pointee(rules),
+            loaded: ArcSwap::from_pointee(Loaded::new(rules)),
             store,
             bounds: options.bounds,
             on_store_error: options.on_store_error,
@@ -255,12 +293,12 @@ impl<S: CounterStore> Limiter<S> {
 
     /// The rules in force.
     pub fn rules(&self) -> Arc<RuleSet> {
-        self.rules.load_full()
+        self.loaded.load().rules.clone()
     }
 
     /// Puts `rules` in force for every later request.
     pub fn replace_rules(&self, rules: RuleSet) {
-        self.rules.store(Arc::new(rules));
+        self.loaded.store(Arc::new(Loaded::new(rules)));
     }
 
     /// The store.
@@ -271,8 +309,8 @@ impl<S: CounterStore> Limiter<S> {
     /// Decides `request`, counting it if admitted.
     pub async fn decide(&self, request: &Request) -> Result<Decision, DecideError> {
         self.bounds.check(request)?;
-        let rules = self.rules.load();
-        let Some(domain) = rules.domain(&request.domain) else {
+        let loaded = self.loaded.load();
+        let Some(domain) = loaded.rules.domain(&request.domain) else {
             return Ok(Decision {
                 admitted: true,
                 statuses: vec![Status::NO_LIMIT; request.descriptors.len()],
@@ -294,6 +332,7 @@ impl<S: CounterStore> Limiter<S> {
                         .push(item(identity.build(), request, descriptor, Role::Enforce));
                     Plan::Limited {
                         limits: vec![PlannedLimit {
+                            source: None,
                             spec,
                             unit: limit.unit,
                             name: None,
@@ -353,7 +392,7 @@ impl<S: CounterStore> Limiter<S> {
         }
 
         let now = self.clock.now();
-        if let Some(decision) = self.answer_from_cache(&batch, &plans, request, now) {
+        if let Some(decision) = self.answer_from_cache(&loaded, &batch, &plans, request, now) {
             return Ok(decision);
         }
         let outcome = if batch.items.is_empty() {
@@ -383,6 +422,7 @@ impl<S: CounterStore> Limiter<S> {
                     offset += limits.len();
                     let hits = weight(request, descriptor);
                     self.record(
+                        &loaded,
                         &request.domain,
                         descriptor,
                         *rule,
@@ -405,6 +445,7 @@ impl<S> Limiter<S> {
     #[allow(clippy::too_many_arguments)]
     fn record(
         &self,
+        loaded: &Loaded,
         domain: &str,
         descriptor: &Descriptor,
         rule: Option<&Rule>,
@@ -423,22 +464,39 @@ impl<S> Limiter<S> {
             self.metrics.descriptor_label(detail)
         };
         for (limit, result) in limits.iter().zip(results) {
-            let labels = LimitLabels {
-                domain: domain.to_owned(),
-                limit: metric_limit_name(limit, rule),
-                descriptor: descriptor.clone(),
+            let event = LimitEvent {
+                hits,
+                admitted,
+                over: result.over,
+                shadow: role == Role::Shadow,
+                used: result.used,
+                capacity: limit.spec.capacity(),
             };
-            self.metrics.record_limit(
-                &labels,
-                LimitEvent {
-                    hits,
-                    admitted,
-                    over: result.over,
-                    shadow: role == Role::Shadow,
-                    used: result.used,
-                    capacity: limit.spec.capacity(),
-                },
-            );
+            self.count(loaded, domain, limit, rule, &descriptor, event);
+        }
+    }
+
+    /// Counts `event` for one limit: through the counters cached for a
+    /// rule's limit when no runtime value labels it, else by label lookup.
+    fn count(
+        &self,
+        loaded: &Loaded,
+        domain: &str,
+        limit: &PlannedLimit<'_>,
+        rule: Option<&Rule>,
+        descriptor: &str,
+        event: LimitEvent,
+    ) {
+        let labels = || LimitLabels {
+            domain: domain.to_owned(),
+            limit: metric_limit_name(limit, rule),
+            descriptor: descriptor.to_owned(),
+        };
+        match limit.source {
+            Some(source) if descriptor.is_empty() => {
+                loaded.record(source, event, || self.metrics.limit_counters(&labels()));
+            }
+            _ => self.metrics.record_limit(&labels(), event),
         }
     }
 
@@ -447,6 +505,7 @@ impl<S> Limiter<S> {
     /// is reported (the others are not known without the store).
     fn answer_from_cache(
         &self,
+        loaded: &Loaded,
         batch: &Batch,
         plans: &[Plan<'_>],
         request: &Request,
@@ -476,11 +535,6 @@ impl<S> Limiter<S> {
         let (index, limit, until, hits) = hit?;
         self.metrics.record_local_cache_hit();
         if let Plan::Limited { rule, .. } = &plans[index] {
-            let labels = LimitLabels {
-                domain: request.domain.clone(),
-                limit: metric_limit_name(limit, *rule),
-                descriptor: String::new(),
-            };
             let capacity = limit.spec.capacity();
             let event = LimitEvent {
                 hits,
@@ -490,7 +544,7 @@ impl<S> Limiter<S> {
                 used: capacity,
                 capacity,
             };
-            self.metrics.record_limit(&labels, event);
+            self.count(loaded, &request.domain, limit, *rule, "", event);
         }
         let statuses = plans
             .iter()

@@ -91,6 +91,44 @@ pub struct LimitEvent {
     pub capacity: u64,
 }
 
+/// The outcome codes of a ShouldRateLimit call (see `decision::outcome_code`).
+const REQUEST_CODES: [&str; 4] = ["OK", "OVER_LIMIT", "INVALID_ARGUMENT", "UNAVAILABLE"];
+
+/// The per-limit counters of one label set. The counters are shared with the
+/// registry (cloning one clones a handle), so updating them needs no label
+/// hashing or lookup.
+#[derive(Clone, Debug)]
+pub struct LimitCounters {
+    hits: Counter,
+    admitted: Counter,
+    over_limit: Counter,
+    near_limit: Counter,
+    shadow_mode: Counter,
+    near_limit_ratio: f64,
+}
+
+impl LimitCounters {
+    /// Counts what the limit did in one decision.
+    pub fn record(&self, event: LimitEvent) {
+        self.hits.inc_by(event.hits);
+        if event.admitted {
+            self.admitted.inc_by(event.hits);
+            let near = (self.near_limit_ratio * event.capacity as f64).floor() as u64;
+            if !event.over && event.hits > 0 && event.used >= near.max(1) {
+                self.near_limit.inc_by(event.hits);
+            }
+        }
+        if event.over {
+            let counter = if event.shadow {
+                &self.shadow_mode
+            } else {
+                &self.over_limit
+            };
+            counter.inc_by(event.hits);
+        }
+    }
+}
+
 /// Every metric of the service.
 pub struct Metrics {
     registry: Registry,
@@ -101,6 +139,8 @@ pub struct Metrics {
     near_limit: Family<LimitLabels, Counter>,
     shadow_mode: Family<LimitLabels, Counter>,
     requests: Family<CodeLabels, Counter>,
+    /// The `requests` counters of the known codes, looked up once.
+    request_codes: [(&'static str, Counter); 4],
     request_seconds: Histogram,
     store_seconds: Histogram,
     store_errors: Family<KindLabels, Counter>,
@@ -126,6 +166,7 @@ impl Metrics {
             near_limit: Family::default(),
             shadow_mode: Family::default(),
             requests: Family::default(),
+            request_codes: REQUEST_CODES.map(|code| (code, Counter::default())),
             request_seconds: latency(),
             store_seconds: latency(),
             store_errors: Family::default(),
@@ -209,6 +250,12 @@ impl Metrics {
                 result: result.to_owned(),
             });
         }
+        let request_codes = REQUEST_CODES.map(|code| {
+            let counter = metrics.requests.get_or_create_owned(&CodeLabels {
+                code: code.to_owned(),
+            });
+            (code, counter)
+        });
         for kind in ["unavailable", "timeout", "circuit_open"] {
             metrics.store_errors.get_or_create_owned(&KindLabels {
                 kind: kind.to_owned(),
@@ -216,6 +263,7 @@ impl Metrics {
         }
         Self {
             registry,
+            request_codes,
             ..metrics
         }
     }
@@ -243,31 +291,36 @@ impl Metrics {
 
     /// Counts what a limit did in a decision.
     pub fn record_limit(&self, labels: &LimitLabels, event: LimitEvent) {
-        self.hits.get_or_create(labels).inc_by(event.hits);
-        if event.admitted {
-            self.admitted.get_or_create(labels).inc_by(event.hits);
-            let near = (self.config.near_limit_ratio * event.capacity as f64).floor() as u64;
-            if !event.over && event.hits > 0 && event.used >= near.max(1) {
-                self.near_limit.get_or_create(labels).inc_by(event.hits);
-            }
-        }
-        if event.over {
-            let family = if event.shadow {
-                &self.shadow_mode
-            } else {
-                &self.over_limit
-            };
-            family.get_or_create(labels).inc_by(event.hits);
+        self.limit_counters(labels).record(event);
+    }
+
+    /// The counters of one label set, to keep and update without looking
+    /// them up again: the decision path caches one per limit of the rules.
+    pub fn limit_counters(&self, labels: &LimitLabels) -> LimitCounters {
+        LimitCounters {
+            hits: self.hits.get_or_create(labels).clone(),
+            admitted: self.admitted.get_or_create(labels).clone(),
+            over_limit: self.over_limit.get_or_create(labels).clone(),
+            near_limit: self.near_limit.get_or_create(labels).clone(),
+            shadow_mode: self.shadow_mode.get_or_create(labels).clone(),
+            near_limit_ratio: self.config.near_limit_ratio,
         }
     }
 
-    /// Counts a ShouldRateLimit call and its latency.
+    /// Counts a ShouldRateLimit call (by its outcome code) and its latency.
     pub fn record_request(&self, code: &str, elapsed: Duration) {
-        self.requests
-            .get_or_create(&CodeLabels {
-                code: code.to_owned(),
-            })
-            .inc();
+        match self.request_codes.iter().find(|(known, _)| *known == code) {
+            Some((_, counter)) => {
+                counter.inc();
+            }
+            None => {
+                self.requests
+                    .get_or_create(&CodeLabels {
+                        code: code.to_owned(),
+                    })
+                    .inc();
+            }
+        }
         self.request_seconds.observe(elapsed.as_secs_f64());
     }
 
@@ -385,7 +438,12 @@ mod tests {
             text.contains(r#"sluice_shadow_mode_total{domain="d",limit="s",descriptor=""} 1"#),
             "{text}"
         );
-        assert!(!text.contains("sluice_over_limit_total{"), "{text}");
+        // A limit's series all exist once it is first used, at zero until
+        // their event happens.
+        assert!(
+            text.contains(r#"sluice_over_limit_total{domain="d",limit="s",descriptor=""} 0"#),
+            "{text}"
+        );
     }
 
     #[test]
