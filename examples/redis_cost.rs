@@ -1,14 +1,24 @@
-//! Redis server cost per decision of Sluice's script, read from Redis's own
-//! `INFO commandstats` (server-side microseconds, not client latency).
+//! What one decision costs Redis, on a real `redis-server`: Sluice's script
+//! for each algorithm, beside two baselines implemented only here —
+//! envoyproxy/ratelimit's fixed window (`INCRBY` + `EXPIRE`, pipelined) and a
+//! sorted-set sliding log (`ZREMRANGEBYSCORE` + `ZCARD` + `ZADD` + `EXPIRE`,
+//! pipelined) holding 1,000 hits per window.
 //!
 //! Run: `cargo run --release --example redis_cost [-- REDIS_URL]`
 //!
 //! With no URL it starts a private `redis-server` on a free loopback port
-//! (and stops it at the end). For each scenario it drives decisions through
-//! `RedisStore` (exactly what `sluice serve --redis-url` runs) over a set of
-//! identities, then reports EVALSHA calls, server µs per decision, Redis
-//! commands per decision (the script's inner commands included) and
-//! `MEMORY USAGE` per identity.
+//! and stops it at the end. Each scenario warms its identities up (so the
+//! measured calls see steady state), resets the statistics, makes
+//! `DECISIONS` decisions with `CONCURRENCY` in flight, and reads
+//! `INFO commandstats` and `INFO cpu` (the same reading as
+//! `sluice bench --redis-url`):
+//! - server µs: commandstats time per decision — the scripts' time for
+//!   Sluice (it includes the commands they call), every command's for the
+//!   baselines;
+//! - CPU µs: the Redis main thread's CPU per decision — commands, protocol
+//!   parsing and network I/O together, which a pipeline of several commands
+//!   pays per command;
+//! - bytes: `MEMORY USAGE` of one identity's key after the run.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -16,79 +26,171 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
+use sluice::bench::RedisSnapshot;
 use sluice::limiter::{Algorithm, IdentityBuilder, LimitSpec, Role, SystemClock, Window};
 use sluice::store::{
-    Batch, BatchItem, CounterStore, RedisStore, RedisStoreConfig, RedisUrl, TimeSource,
+    Batch, BatchItem, CounterStore, RedisStore, RedisStoreConfig, RedisUrl, TimeSource, server_info,
 };
 
 const DECISIONS: usize = 50_000;
-const IDENTITIES: usize = 1_000;
+const IDENTITIES: usize = 50;
 const CONCURRENCY: usize = 32;
+/// Hits per identity per window in the sorted-set baseline.
+const LOG_HITS: usize = 1_000;
 
-fn sliding(requests: u64, duration_ms: u64) -> LimitSpec {
+fn spec(requests: u64, duration_ms: u64, algorithm: Algorithm) -> LimitSpec {
     LimitSpec {
         requests,
         window: Window {
             duration_ms,
-            algorithm: Algorithm::SlidingWindow {
-                precision_ms: duration_ms / 10,
-            },
+            algorithm,
         },
     }
 }
 
-fn fixed(requests: u64, duration_ms: u64) -> LimitSpec {
-    LimitSpec {
-        requests,
-        window: Window {
-            duration_ms,
-            algorithm: Algorithm::FixedWindow,
+/// Sluice's default: a sliding window with 10 buckets (1 minute → 6 s).
+fn sliding(duration_ms: u64) -> LimitSpec {
+    spec(
+        1_000_000_000,
+        duration_ms,
+        Algorithm::SlidingWindow {
+            precision_ms: duration_ms / 10,
         },
-    }
+    )
+}
+
+enum Kind {
+    /// Sluice's script with these limits on each identity.
+    Script(Vec<LimitSpec>),
+    /// `INCRBY` + `EXPIRE` per decision, pipelined.
+    FixedBaseline,
+    /// `ZREMRANGEBYSCORE` + `ZCARD` + `ZADD` + `EXPIRE` per decision,
+    /// pipelined; each identity's clock moves one tick per hit and the window
+    /// is `LOG_HITS` ticks, so the set holds 1,000 entries.
+    LogBaseline,
 }
 
 struct Scenario {
     name: &'static str,
-    limits: Vec<LimitSpec>,
+    kind: Kind,
 }
 
-async fn command(store: &RedisStore, args: &[&str]) -> Value {
-    let values: Vec<Value> = args[1..].iter().map(|a| Value::from(*a)).collect();
+async fn command(store: &RedisStore, args: &[String]) -> Value {
+    let values: Vec<Value> = args[1..].iter().map(|a| Value::from(a.as_str())).collect();
     store
         .pool()
         .next()
         .custom(
-            CustomCommand::new(args[0].to_string(), ClusterHash::Random, false),
+            CustomCommand::new(args[0].clone(), ClusterHash::FirstKey, false),
             values,
         )
         .await
         .expect("redis command")
 }
 
-/// `(calls, usec)` of each command in `INFO commandstats`.
-async fn commandstats(store: &RedisStore) -> Vec<(String, u64, u64)> {
-    let Value::String(text) = command(store, &["INFO", "commandstats"]).await else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let field = |key: &str| {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(key))
-                    .and_then(|v| v.parse::<u64>().ok())
-            };
-            Some((name.to_string(), field("calls=")?, field("usec=")?))
-        })
-        .collect()
+fn args(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|p| (*p).to_owned()).collect()
 }
 
-/// Identity `i` of a scenario; scenarios do not share identities, so each
-/// HASH holds one scenario's fields.
 fn identity(scenario: usize, i: usize) -> sluice::limiter::Identity {
     let mut b = IdentityBuilder::new(&format!("cost{scenario}"));
     b.value("remote_address", &format!("10.0.{}.{}", i / 256, i % 256));
     b.build()
+}
+
+fn baseline_key(scenario: usize, i: usize) -> String {
+    format!("baseline{scenario}:{i}")
+}
+
+/// One decision `n` of `scenario` (index `s`).
+async fn decide(store: &RedisStore, s: usize, scenario: &Scenario, n: usize) {
+    let who = n % IDENTITIES;
+    match &scenario.kind {
+        Kind::Script(limits) => {
+            let item = BatchItem {
+                identity: identity(s, who),
+                limits: limits.clone(),
+                hits: 1,
+                role: Role::Enforce,
+            };
+            store
+                .apply(&Batch { items: vec![item] })
+                .await
+                .expect("decision");
+        }
+        Kind::FixedBaseline => {
+            let key = baseline_key(s, who);
+            let pipeline = store.pool().next().pipeline();
+            let incr = CustomCommand::new_static("INCRBY", ClusterHash::FirstKey, false);
+            let expire = CustomCommand::new_static("EXPIRE", ClusterHash::FirstKey, false);
+            let _: () = pipeline
+                .custom(incr, vec![Value::from(key.as_str()), Value::from(1)])
+                .await
+                .expect("queued");
+            let _: () = pipeline
+                .custom(expire, vec![Value::from(key.as_str()), Value::from(60)])
+                .await
+                .expect("queued");
+            let _: Vec<Value> = pipeline.all().await.expect("pipeline");
+        }
+        Kind::LogBaseline => {
+            let key = baseline_key(s, who);
+            // This identity's n-th hit happens at tick n / IDENTITIES.
+            let tick = (n / IDENTITIES) as i64;
+            let pipeline = store.pool().next().pipeline();
+            let cmd =
+                |name: &'static str| CustomCommand::new_static(name, ClusterHash::FirstKey, false);
+            let k = || Value::from(key.as_str());
+            let _: () = pipeline
+                .custom(
+                    cmd("ZREMRANGEBYSCORE"),
+                    vec![
+                        k(),
+                        Value::from("-inf"),
+                        Value::from(tick - LOG_HITS as i64),
+                    ],
+                )
+                .await
+                .expect("queued");
+            let _: () = pipeline
+                .custom(cmd("ZCARD"), vec![k()])
+                .await
+                .expect("queued");
+            let _: () = pipeline
+                .custom(
+                    cmd("ZADD"),
+                    vec![k(), Value::from(tick), Value::from(format!("{tick}-{n}"))],
+                )
+                .await
+                .expect("queued");
+            let _: () = pipeline
+                .custom(cmd("EXPIRE"), vec![k(), Value::from(60)])
+                .await
+                .expect("queued");
+            let _: Vec<Value> = pipeline.all().await.expect("pipeline");
+        }
+    }
+}
+
+/// `range` decisions of `scenario`, `CONCURRENCY` at a time.
+async fn drive(
+    store: &Arc<RedisStore>,
+    s: usize,
+    scenario: &Arc<Scenario>,
+    range: std::ops::Range<usize>,
+) {
+    let mut tasks = Vec::new();
+    for worker in 0..CONCURRENCY {
+        let (store, scenario, range) = (store.clone(), scenario.clone(), range.clone());
+        tasks.push(tokio::spawn(async move {
+            for n in range.skip(worker).step_by(CONCURRENCY) {
+                decide(&store, s, &scenario, n).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("worker");
+    }
 }
 
 struct Private(Child);
@@ -132,6 +234,14 @@ fn start_redis() -> (Private, String) {
     (Private(child), format!("redis://127.0.0.1:{port}"))
 }
 
+async fn snapshot(url: &RedisUrl) -> RedisSnapshot {
+    let mut s = RedisSnapshot::default();
+    for text in server_info(url).await.expect("INFO") {
+        s.add_info(&text);
+    }
+    s
+}
+
 #[tokio::main]
 async fn main() {
     let (_private, url) = match std::env::args().nth(1) {
@@ -155,77 +265,71 @@ async fn main() {
     );
     let scenarios = [
         Scenario {
-            name: "sliding_window, 1 limit (1 min, 6 s buckets)",
-            limits: vec![sliding(1_000_000, 60_000)],
+            name: "Sluice sliding_window, 1 limit (1 min, 6 s buckets)",
+            kind: Kind::Script(vec![sliding(60_000)]),
         },
         Scenario {
-            name: "sliding_window, 3 limits (1 s, 1 min, 1 h)",
-            limits: vec![
-                sliding(1_000_000, 1_000),
-                sliding(1_000_000, 60_000),
-                sliding(1_000_000, 3_600_000),
-            ],
+            name: "Sluice sliding_window, 3 limits (1 s, 1 min, 1 h)",
+            kind: Kind::Script(vec![sliding(1_000), sliding(60_000), sliding(3_600_000)]),
         },
         Scenario {
-            name: "fixed_window, 1 limit (1 min)",
-            limits: vec![fixed(1_000_000, 60_000)],
+            name: "Sluice fixed_window, 1 limit (1 min)",
+            kind: Kind::Script(vec![spec(1_000_000_000, 60_000, Algorithm::FixedWindow)]),
+        },
+        Scenario {
+            name: "Sluice token_bucket, 1 limit (burst 1,000)",
+            kind: Kind::Script(vec![spec(
+                1_000_000_000,
+                60_000,
+                Algorithm::TokenBucket { burst: 1_000 },
+            )]),
+        },
+        Scenario {
+            name: "Sluice sliding_log, 1 limit (100 per 10 s)",
+            kind: Kind::Script(vec![spec(100, 10_000, Algorithm::SlidingLog)]),
+        },
+        Scenario {
+            name: "baseline: envoyproxy/ratelimit fixed window (INCRBY + EXPIRE)",
+            kind: Kind::FixedBaseline,
+        },
+        Scenario {
+            name: "baseline: sorted-set log, 1,000 hits per window (ZREMRANGEBYSCORE + ZCARD + ZADD + EXPIRE)",
+            kind: Kind::LogBaseline,
         },
     ];
     println!(
-        "Redis: {url}; {DECISIONS} decisions per scenario over {IDENTITIES} identities, {CONCURRENCY} in flight\n"
+        "Redis {url}: per scenario {DECISIONS} decisions over {IDENTITIES} identities after a warm-up of {} per identity, {CONCURRENCY} in flight\n",
+        LOG_HITS
     );
     println!(
-        "| scenario | EVALSHA calls | server µs / decision | Redis commands / decision | bytes / identity | decisions/s (client) |"
+        "| scenario | server µs / decision | CPU µs / decision | commands / decision | bytes / identity | decisions/s (client) |"
     );
     println!("|---|---|---|---|---|---|");
-    for (index, scenario) in scenarios.iter().enumerate() {
-        command(&store, &["CONFIG", "RESETSTAT"]).await;
+    for (s, scenario) in scenarios.into_iter().enumerate() {
+        let scenario = Arc::new(scenario);
+        // Warm-up: every identity reaches steady state (1,000 entries in
+        // the sorted-set log); not measured.
+        drive(&store, s, &scenario, 0..IDENTITIES * LOG_HITS).await;
+        let before = snapshot(&config.url).await;
         let started = Instant::now();
-        let mut tasks = Vec::new();
-        for worker in 0..CONCURRENCY {
-            let store = store.clone();
-            let limits = scenario.limits.clone();
-            tasks.push(tokio::spawn(async move {
-                for n in (worker..DECISIONS).step_by(CONCURRENCY) {
-                    let item = BatchItem {
-                        identity: identity(index, n % IDENTITIES),
-                        limits: limits.clone(),
-                        hits: 1,
-                        role: Role::Enforce,
-                    };
-                    store
-                        .apply(&Batch { items: vec![item] })
-                        .await
-                        .expect("decision");
-                }
-            }));
-        }
-        for task in tasks {
-            task.await.unwrap();
-        }
+        let first = IDENTITIES * LOG_HITS;
+        drive(&store, s, &scenario, first..first + DECISIONS).await;
         let elapsed = started.elapsed();
-        let stats = commandstats(&store).await;
-        let (calls, usec) = stats
-            .iter()
-            .find(|(n, _, _)| n == "evalsha")
-            .map_or((0, 0), |s| (s.1, s.2));
-        // Inner commands are counted too; EVALSHA's usec already includes them.
-        let inner: u64 = stats
-            .iter()
-            .filter(|(n, _, _)| !["evalsha", "info", "config"].contains(&n.as_str()))
-            .map(|s| s.1)
-            .sum();
-        let key = identity(index, 7).storage_key(&config.key_prefix);
-        let bytes = match command(&store, &["MEMORY", "USAGE", &key]).await {
+        let cost = before.cost(&snapshot(&config.url).await, DECISIONS as u64);
+        let key = match scenario.kind {
+            Kind::Script(_) => identity(s, 7).storage_key(&config.key_prefix),
+            _ => baseline_key(s, 7),
+        };
+        let bytes = match command(&store, &args(&["MEMORY", "USAGE", &key])).await {
             Value::Integer(n) => n,
             _ => 0,
         };
         println!(
-            "| {} | {} | {:.2} | {:.2} | {} | {:.0} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {} | {:.0} |",
             scenario.name,
-            calls,
-            usec as f64 / calls.max(1) as f64,
-            (calls + inner) as f64 / calls.max(1) as f64,
+            cost.usec_per_decision,
+            cost.cpu_usec_per_decision,
+            cost.calls_per_decision,
             bytes,
             DECISIONS as f64 / elapsed.as_secs_f64()
         );
