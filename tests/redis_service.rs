@@ -496,6 +496,37 @@ async fn each_request_is_one_script_call_that_moves_the_ttl_only_when_needed() {
 }
 
 #[tokio::test]
+async fn every_counter_expires_from_its_first_hit() {
+    // One request with a single-limit descriptor (the script's fast path)
+    // and one with several descriptors and limits (its general path): every
+    // key they create must carry a TTL at once, or an identity seen once
+    // would stay in Redis forever.
+    let redis = RedisServer::start();
+    let server = server_on(&redis.url(), Duration::from_secs(2)).await;
+    let mut c = connect(&server.uri()).await;
+    c.should_rate_limit(request_redis(&[&[("client", "once")]]))
+        .await
+        .unwrap();
+    c.should_rate_limit(request_redis(&[&[("three", "once")], &[("a", "once")]]))
+        .await
+        .unwrap();
+    let keys = support::redis::query(redis.port(), &["KEYS", "*"]);
+    assert_eq!(keys.items().len(), 3, "{keys:?}");
+    for key in keys.items() {
+        let support::redis::Reply::Bulk(name) = key else {
+            panic!("{key:?}")
+        };
+        let name = String::from_utf8_lossy(name).into_owned();
+        let ttl = support::redis::query(redis.port(), &["PTTL", &name]);
+        assert!(
+            matches!(ttl, support::redis::Reply::Integer(ms) if ms > 0),
+            "{name} has PTTL {ttl:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_hot_over_limit_key_costs_redis_nothing_until_it_can_fit_again() {
     use sluice::decision::{Limiter, LimiterOptions};
     use sluice::limiter::Clock as _;

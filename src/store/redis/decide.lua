@@ -81,63 +81,117 @@ local function ceil_div(a, b)
   return q
 end
 
--- Fast path: the whole request is one key with one sliding or fixed
--- window (the common shape). Same state, same arithmetic and same reply as
--- the general path below, without its tables: in Redis's Lua, tables,
--- closures and number-to-string conversions cost more than the commands.
--- It gives way to the general path when buckets must leave the window or
--- the clock stepped back.
+-- Fast path: the whole request is one key whose limits are sliding or fixed
+-- windows on distinct counters (the common shapes: one limit, or several
+-- windows on one descriptor). Same state, same arithmetic and same reply as
+-- the general path below, with one flat table instead of a table per limit
+-- and state: in Redis's Lua, tables, closures and number-to-string
+-- conversions cost more than the commands. It only reads until it knows it
+-- can finish, and gives way to the general path when buckets must leave a
+-- window, the clock stepped back, or two limits share a counter.
 local function fast()
-  local key, role, hits = KEYS[1], ARGV[3], tonumber(ARGV[4])
-  local requests, d = tonumber(ARGV[6]), tonumber(ARGV[7])
-  local applied, over, used, slot, reset, full
-  if ARGV[8] == '0' then
-    local p = tonumber(ARGV[9])
-    local oldest, cur = floor((now - d) / p), floor(now / p)
-    if oldest == cur then
+  local key, role, hits, count = KEYS[1], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+  -- Per limit, 10 slots from (i - 1) * 10: sliding, requests, d, p, oldest,
+  -- cur, field prefix, index of its first field in the HMGET, then t, o.
+  local L, fields, seen = {}, { 'x' }, {}
+  for i = 0, count - 1 do
+    local a, at, n = 6 + i * 4, i * 10, #fields
+    local alg, d = ARGV[a + 2], tonumber(ARGV[a + 1])
+    local f
+    if alg == '0' then
+      f = ARGV[a + 1] .. ':' .. ARGV[a + 3] .. ':'
+    elseif alg == '1' then
+      f = ARGV[a + 1] .. ':f:'
+    else
       return nil
     end
-    local f = ARGV[7] .. ':' .. ARGV[9] .. ':'
-    local ft, fo, fn, fc = f .. 't', f .. 'o', f .. 'n', f .. cur
-    local v = redis.call('HMGET', key, 'x', ft, fo, fn, f .. oldest, fc)
-    local x, t, o, n = tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]), tonumber(v[4])
-    if t > 0 and (o < oldest or n > cur) then
+    if seen[f] then
       return nil
     end
-    local co = tonumber(v[5])
-    local inside = (oldest + 1) * p - (now - d)
-    local partial = co and inside < p
-    used = t
-    if t > 0 and o == oldest and partial then
-      used = t - co + ceil(co * inside / p)
+    seen[f] = true
+    L[at + 1], L[at + 2], L[at + 3], L[at + 7], L[at + 8] = alg == '0', tonumber(ARGV[a]), d, f, n + 1
+    if alg == '0' then
+      local p = tonumber(ARGV[a + 3])
+      local oldest, cur = floor((now - d) / p), floor(now / p)
+      if oldest == cur then
+        return nil
+      end
+      L[at + 4], L[at + 5], L[at + 6] = p, oldest, cur
+      fields[n + 1], fields[n + 2], fields[n + 3] = f .. 't', f .. 'o', f .. 'n'
+      fields[n + 4], fields[n + 5] = f .. oldest, f .. cur
+    else
+      L[at + 6] = floor(now / d)
+      fields[n + 1], fields[n + 2] = f .. 'w', f .. 'c'
     end
-    over = used + hits > requests
-    applied = not over or role == '1'
-    slot = -1
-    if applied and hits > 0 then
+  end
+  local v = redis.call('HMGET', key, unpack(fields))
+  local x = tonumber(v[1]) or 0
+
+  -- Check every limit; give way before anything is written.
+  local reply, over_any = { 0, now }, false
+  for i = 0, count - 1 do
+    local at, r = i * 10, 2 + i * 8
+    local requests, j = L[at + 2], L[at + 8]
+    local used
+    if L[at + 1] then
+      local p, d, oldest, cur = L[at + 4], L[at + 3], L[at + 5], L[at + 6]
+      local t, o, n = tonumber(v[j]) or 0, tonumber(v[j + 1]), tonumber(v[j + 2])
+      if t > 0 and (o < oldest or n > cur) then
+        return nil
+      end
+      L[at + 9], L[at + 10] = t, o
+      local co = tonumber(v[j + 3])
+      local inside = (oldest + 1) * p - (now - d)
+      used = t
+      if t > 0 and o == oldest and co and inside < p then
+        used = t - co + ceil(co * inside / p)
+      end
+    else
+      local c = tonumber(v[j + 1]) or 0
+      if tonumber(v[j]) ~= L[at + 6] then
+        c = 0
+      end
+      used = c
+    end
+    local over = used + hits > requests
+    over_any = over_any or over
+    reply[r + 1], reply[r + 2], reply[r + 3] = used, 0, over and 1 or 0
+  end
+  local applied = not over_any or role == '1'
+  reply[1] = applied and 1 or 0
+
+  -- Count (if admitted) and report.
+  local set, expiry = {}, 0
+  for i = 0, count - 1 do
+    local at, r = i * 10, 2 + i * 8
+    local requests, d, f, j = L[at + 2], L[at + 3], L[at + 7], L[at + 8]
+    local slot, reset, full = -1, 0, 0
+    local counted = applied and hits > 0
+    if L[at + 1] then
+      local p, oldest, cur, t, o = L[at + 4], L[at + 5], L[at + 6], L[at + 9], L[at + 10]
+      if counted then
+        if t == 0 then
+          o = cur
+        end
+        t, slot = t + hits, cur
+        local n = #set
+        set[n + 1], set[n + 2] = f .. cur, (tonumber(v[j + 4]) or 0) + hits
+        set[n + 3], set[n + 4], set[n + 5], set[n + 6] = f .. 't', t, f .. 'o', o
+        set[n + 7], set[n + 8] = f .. 'n', cur
+        expiry = max(expiry, (cur + 1) * p + d)
+      end
       if t == 0 then
-        o = cur
-      end
-      n, t, slot = cur, t + hits, cur
-      local expiry = (cur + 1) * p + d
-      if expiry > x then
-        redis.call('HSET', key, fc, (tonumber(v[6]) or 0) + hits, ft, t, fo, o, fn, n, 'x', expiry)
-        redis.call('PEXPIRE', key, expiry - now + 1000)
+        reset = (cur + 1) * p + d - now
       else
-        redis.call('HSET', key, fc, (tonumber(v[6]) or 0) + hits, ft, t, fo, o, fn, n)
+        reset = (o + 1) * p + d - now
       end
-    end
-    if t == 0 then
-      reset = (cur + 1) * p + d - now
-    else
-      reset = (o + 1) * p + d - now
-    end
-    if requests == 0 then
-      full = d
-    elseif t == 0 then
-      full = 0
-    else
-      if o == oldest and partial then
+      local co = tonumber(v[j + 3])
+      local inside = (oldest + 1) * p - (now - d)
+      if requests == 0 then
+        full = d
+      elseif t == 0 then
+        full = 0
+      elseif o == oldest and co and inside < p then
         local others = t - co
         if others >= requests then
           full = inside
@@ -146,43 +200,40 @@ local function fast()
         end
       elseif t >= requests then
         full = max(o * p + d - now, 0)
-      else
-        full = 0
+      end
+    else
+      local window = L[at + 6]
+      local w, c = tonumber(v[j]), tonumber(v[j + 1]) or 0
+      if w ~= window then
+        c = 0
+      end
+      if counted then
+        w, c, slot = window, c + hits, window
+        local n = #set
+        set[n + 1], set[n + 2], set[n + 3], set[n + 4] = f .. 'w', w, f .. 'c', c
+        expiry = max(expiry, (window + 1) * d)
+      end
+      reset = (window + 1) * d - now
+      if w == window and c >= requests then
+        full = reset
       end
     end
-  else
-    local window = floor(now / d)
-    local f = ARGV[7] .. ':f:'
-    local fw, fc = f .. 'w', f .. 'c'
-    local v = redis.call('HMGET', key, 'x', fw, fc)
-    local x, w, c = tonumber(v[1]) or 0, tonumber(v[2]), tonumber(v[3]) or 0
-    if w ~= window then
-      c = 0
+    reply[r + 4], reply[r + 5], reply[r + 6], reply[r + 7], reply[r + 8] = reset, reset, full, full, slot
+  end
+  if #set > 0 then
+    if expiry > x then
+      set[#set + 1], set[#set + 2] = 'x', expiry
     end
-    used = c
-    over = c + hits > requests
-    applied = not over or role == '1'
-    slot = -1
-    if applied and hits > 0 then
-      w, c, slot = window, c + hits, window
-      local expiry = (window + 1) * d
-      if expiry > x then
-        redis.call('HSET', key, fw, w, fc, c, 'x', expiry)
-        redis.call('PEXPIRE', key, expiry - now + 1000)
-      else
-        redis.call('HSET', key, fw, w, fc, c)
-      end
-    end
-    reset = (window + 1) * d - now
-    full = 0
-    if w == window and c >= requests then
-      full = reset
+    -- HSET first: PEXPIRE on a key that does not exist yet does nothing.
+    redis.call('HSET', key, unpack(set))
+    if expiry > x then
+      redis.call('PEXPIRE', key, expiry - now + 1000)
     end
   end
-  return { applied and 1 or 0, now, used, 0, over and 1 or 0, reset, reset, full, full, slot }
+  return reply
 end
 
-if whole and #KEYS == 1 and ARGV[5] == '1' and (ARGV[8] == '0' or ARGV[8] == '1') then
+if whole and #KEYS == 1 then
   local reply = fast()
   if reply then
     return reply
@@ -615,14 +666,18 @@ for _, k in ipairs(keys) do
   if #k.del > 0 then
     redis.call('HDEL', k.key, unpack(k.del))
   end
-  if k.expiry > k.x then
-    -- One second of slack covers clock differences between replicas in
-    -- "local" time mode.
+  local extend = k.expiry > k.x
+  if extend then
     write(k, 'x', k.expiry)
-    redis.call('PEXPIRE', k.key, k.expiry - now + 1000)
   end
   if #k.set > 0 then
     redis.call('HSET', k.key, unpack(k.set))
+  end
+  -- After HSET: PEXPIRE on a key that does not exist yet does nothing. One
+  -- second of slack covers clock differences between replicas in "local"
+  -- time mode.
+  if extend then
+    redis.call('PEXPIRE', k.key, k.expiry - now + 1000)
   end
 end
 
