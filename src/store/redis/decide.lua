@@ -91,11 +91,15 @@ end
 -- window, the clock stepped back, or two limits share a counter.
 local function fast()
   local key, role, hits, count = KEYS[1], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-  -- Per limit, 10 slots from (i - 1) * 10: sliding, requests, d, p, oldest,
-  -- cur, field prefix, index of its first field in the HMGET, then t, o.
-  local L, fields, seen = {}, { 'x' }, {}
+  local fmt = string.format
+  -- Per limit, 10 slots from i * 10: sliding, requests, d, p, oldest, cur,
+  -- field prefix, index of its first field in the HMGET, then t, o. Tables
+  -- are built at the size one limit needs: growing one reallocates it.
+  local L = { false, false, false, false, false, false, false, false, false, false }
+  local fields, nf = { 'x', false, false, false, false, false }, 1
+  local seen = count > 1 and {}
   for i = 0, count - 1 do
-    local a, at, n = 6 + i * 4, i * 10, #fields
+    local a, at = 6 + i * 4, i * 10
     local alg, d = ARGV[a + 2], tonumber(ARGV[a + 1])
     local f
     if alg == '0' then
@@ -105,11 +109,13 @@ local function fast()
     else
       return nil
     end
-    if seen[f] then
-      return nil
+    if seen then
+      if seen[f] then
+        return nil
+      end
+      seen[f] = true
     end
-    seen[f] = true
-    L[at + 1], L[at + 2], L[at + 3], L[at + 7], L[at + 8] = alg == '0', tonumber(ARGV[a]), d, f, n + 1
+    L[at + 1], L[at + 2], L[at + 3], L[at + 7], L[at + 8] = alg == '0', tonumber(ARGV[a]), d, f, nf + 1
     if alg == '0' then
       local p = tonumber(ARGV[a + 3])
       local oldest, cur = floor((now - d) / p), floor(now / p)
@@ -117,18 +123,22 @@ local function fast()
         return nil
       end
       L[at + 4], L[at + 5], L[at + 6] = p, oldest, cur
-      fields[n + 1], fields[n + 2], fields[n + 3] = f .. 't', f .. 'o', f .. 'n'
-      fields[n + 4], fields[n + 5] = f .. oldest, f .. cur
+      -- string.format('%d') is about twice as cheap as Lua's own
+      -- number-to-string (a %.14g printf).
+      fields[nf + 1], fields[nf + 2], fields[nf + 3] = f .. 't', f .. 'o', f .. 'n'
+      fields[nf + 4], fields[nf + 5] = fmt('%s%d', f, oldest), fmt('%s%d', f, cur)
+      nf = nf + 5
     else
       L[at + 6] = floor(now / d)
-      fields[n + 1], fields[n + 2] = f .. 'w', f .. 'c'
+      fields[nf + 1], fields[nf + 2] = f .. 'w', f .. 'c'
+      nf = nf + 2
     end
   end
-  local v = redis.call('HMGET', key, unpack(fields))
+  local v = redis.call('HMGET', key, unpack(fields, 1, nf))
   local x = tonumber(v[1]) or 0
 
   -- Check every limit; give way before anything is written.
-  local reply, over_any = { 0, now }, false
+  local reply, over_any = { 0, now, 0, 0, 0, 0, 0, 0, 0, 0 }, false
   for i = 0, count - 1 do
     local at, r = i * 10, 2 + i * 8
     local requests, j = L[at + 2], L[at + 8]
@@ -160,8 +170,9 @@ local function fast()
   local applied = not over_any or role == '1'
   reply[1] = applied and 1 or 0
 
-  -- Count (if admitted) and report.
-  local set, expiry = {}, 0
+  -- Count (if admitted) and report. Only fields whose value changes are
+  -- written: the oldest and newest bucket markers rarely do.
+  local set, m, expiry = { false, false, false, false, false, false, false, false, false, false }, 0, 0
   for i = 0, count - 1 do
     local at, r = i * 10, 2 + i * 8
     local requests, d, f, j = L[at + 2], L[at + 3], L[at + 7], L[at + 8]
@@ -170,14 +181,20 @@ local function fast()
     if L[at + 1] then
       local p, oldest, cur, t, o = L[at + 4], L[at + 5], L[at + 6], L[at + 9], L[at + 10]
       if counted then
+        local scur = fmt('%d', cur)
+        set[m + 1], set[m + 2] = f .. scur, fmt('%d', (tonumber(v[j + 4]) or 0) + hits)
+        set[m + 3], set[m + 4] = f .. 't', fmt('%d', t + hits)
+        m = m + 4
         if t == 0 then
           o = cur
+          set[m + 1], set[m + 2] = f .. 'o', scur
+          m = m + 2
+        end
+        if t == 0 or tonumber(v[j + 2]) ~= cur then
+          set[m + 1], set[m + 2] = f .. 'n', scur
+          m = m + 2
         end
         t, slot = t + hits, cur
-        local n = #set
-        set[n + 1], set[n + 2] = f .. cur, (tonumber(v[j + 4]) or 0) + hits
-        set[n + 3], set[n + 4], set[n + 5], set[n + 6] = f .. 't', t, f .. 'o', o
-        set[n + 7], set[n + 8] = f .. 'n', cur
         expiry = max(expiry, (cur + 1) * p + d)
       end
       if t == 0 then
@@ -209,8 +226,8 @@ local function fast()
       end
       if counted then
         w, c, slot = window, c + hits, window
-        local n = #set
-        set[n + 1], set[n + 2], set[n + 3], set[n + 4] = f .. 'w', w, f .. 'c', c
+        set[m + 1], set[m + 2], set[m + 3], set[m + 4] = f .. 'w', fmt('%d', w), f .. 'c', fmt('%d', c)
+        m = m + 4
         expiry = max(expiry, (window + 1) * d)
       end
       reset = (window + 1) * d - now
@@ -220,14 +237,16 @@ local function fast()
     end
     reply[r + 4], reply[r + 5], reply[r + 6], reply[r + 7], reply[r + 8] = reset, reset, full, full, slot
   end
-  if #set > 0 then
-    if expiry > x then
-      set[#set + 1], set[#set + 2] = 'x', expiry
+  if m > 0 then
+    local extend = expiry > x
+    if extend then
+      set[m + 1], set[m + 2] = 'x', fmt('%d', expiry)
+      m = m + 2
     end
     -- HSET first: PEXPIRE on a key that does not exist yet does nothing.
-    redis.call('HSET', key, unpack(set))
-    if expiry > x then
-      redis.call('PEXPIRE', key, expiry - now + 1000)
+    redis.call('HSET', key, unpack(set, 1, m))
+    if extend then
+      redis.call('PEXPIRE', key, fmt('%d', expiry - now + 1000))
     end
   end
   return reply
