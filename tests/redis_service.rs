@@ -346,14 +346,25 @@ async fn a_killed_redis_gives_unavailable_fast_and_recovery_is_clean() {
     eprintln!("slowest error while Redis was down: {slowest:?}");
 
     // The new Redis is empty and has no scripts cached (NOSCRIPT is handled).
+    // A retry that timed out while Redis came back may still have run, so
+    // this key's count is only known to have started again.
     redis.restart();
     let r = until_ok(&mut c, &req, Duration::from_secs(15)).await;
-    assert_eq!(
-        (r.overall_code, r.statuses[0].limit_remaining),
-        (Code::Ok as i32, 4)
-    );
-    let r = c.should_rate_limit(req.clone()).await.unwrap().into_inner();
-    assert_eq!(r.statuses[0].limit_remaining, 3, "counting resumed exactly");
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert!(r.statuses[0].limit_remaining <= 4, "{r:?}");
+    // A key no request touched during the outage counts exactly.
+    let fresh = request_redis(&[&[("client", "after")]]);
+    for remaining in [4, 3] {
+        let r = c
+            .should_rate_limit(fresh.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.statuses[0].limit_remaining, remaining,
+            "counting resumed exactly"
+        );
+    }
     server.stop().await;
 }
 
