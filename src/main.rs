@@ -268,7 +268,15 @@ fn query(args: &sluice::query::QueryArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn bench(args: &sluice::bench::BenchArgs) -> anyhow::Result<ExitCode> {
-    let report = runtime()?.block_on(sluice::bench::run(args, !args.json))?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.threads {
+        runtime.worker_threads(threads as usize);
+    }
+    let runtime = runtime
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let report = runtime.block_on(sluice::bench::run(args, !args.json))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

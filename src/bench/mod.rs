@@ -2,9 +2,11 @@
 //! another), reporting decisions per second, latency percentiles and, with
 //! `--redis-url`, what each decision cost Redis.
 //!
-//! Closed loop by default (`--concurrency` requests always in flight); with
-//! `--rate` each worker sends on a fixed schedule and latency is measured
-//! from the scheduled time, so a server that falls behind shows its queue.
+//! Closed loop by default (`--concurrency` requests always in flight). With
+//! `--rate` a pacer releases requests at that rate (every 100 µs) to
+//! whichever workers are free; latency is measured from
+//! the release, so when the server falls behind and released requests wait
+//! for a worker, the wait counts (no coordinated omission).
 
 mod report;
 mod workload;
@@ -87,6 +89,11 @@ pub struct BenchArgs {
     /// Print the report as JSON
     #[arg(long)]
     pub json: bool,
+    /// Threads of the load generator (default: one per CPU). On a machine it
+    /// shares with the server, fewer threads leave the server more CPU and
+    /// fewer preemptions, which shows in the latency tail.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: Option<u32>,
 }
 
 impl BenchArgs {
@@ -111,6 +118,7 @@ impl BenchArgs {
             seed: 1,
             redis_urls: Vec::new(),
             json: false,
+            threads: None,
         }
     }
 }
@@ -229,6 +237,45 @@ async fn redis_snapshot(urls: &[RedisUrl]) -> Result<Option<RedisSnapshot>, Benc
     Ok(Some(snapshot))
 }
 
+/// Releases requests at a fixed rate to whichever worker is free.
+struct Pacer {
+    /// Release times; shared by the workers, one takes each.
+    released: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Instant>>,
+}
+
+impl Pacer {
+    /// Starts releasing `rate` requests per second until the run stops. A
+    /// thread of its own with a 100 µs step: Tokio's timer ticks in whole
+    /// milliseconds, which would release requests in bursts that queue
+    /// behind each other and show as latency the server did not add.
+    fn start(rate: f64, shared: Arc<Shared>) -> Arc<Self> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut released = 0u64;
+            while shared.phase() != STOP {
+                std::thread::sleep(Duration::from_micros(100));
+                let now = Instant::now();
+                let due = (now.duration_since(start).as_secs_f64() * rate) as u64;
+                for _ in released..due {
+                    if tx.send(now).is_err() {
+                        return;
+                    }
+                }
+                released = released.max(due);
+            }
+        });
+        Arc::new(Self {
+            released: tokio::sync::Mutex::new(rx),
+        })
+    }
+
+    /// The release time of the next request; `None` once the run stopped.
+    async fn next(&self) -> Option<Instant> {
+        self.released.lock().await.recv().await
+    }
+}
+
 /// Sends requests until the phase says stop (or the tickets run out).
 async fn worker(
     mut client: pb::RateLimitServiceClient<Channel>,
@@ -236,11 +283,10 @@ async fn worker(
     keys: Arc<Keys>,
     shared: Arc<Shared>,
     mut rng: SmallRng,
-    schedule: Option<(Instant, Duration)>,
+    pacer: Option<Arc<Pacer>>,
     timeout: Duration,
 ) -> Tally {
     let mut tally = Tally::new();
-    let mut next = schedule.map(|(first, _)| first);
     loop {
         let measuring = match shared.phase() {
             STOP => break,
@@ -252,14 +298,12 @@ async fn worker(
             }
             _ => false,
         };
-        let sent = match (next.as_mut(), schedule) {
-            (Some(at), Some((_, interval))) => {
-                tokio::time::sleep_until((*at).into()).await;
-                let due = *at;
-                *at += interval;
-                due
-            }
-            _ => Instant::now(),
+        let sent = match &pacer {
+            Some(pacer) => match pacer.next().await {
+                Some(released) => released,
+                None => break,
+            },
+            None => Instant::now(),
         };
         let request = workload.request(keys.sample(&mut rng));
         let result = tokio::time::timeout(timeout, client.should_rate_limit(request)).await;
@@ -336,21 +380,16 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
         None
     };
     let start = Instant::now();
-    let interval = args
-        .rate
-        .map(|rate| Duration::from_secs_f64(concurrency as f64 / rate));
+    let pacer = args.rate.map(|rate| Pacer::start(rate, shared.clone()));
     let workers: Vec<_> = (0..concurrency)
         .map(|i| {
-            // Workers start spread over one interval, not all at once.
-            let schedule =
-                interval.map(|every| (start + every.mul_f64(i as f64 / concurrency as f64), every));
             tokio::spawn(worker(
                 pb::RateLimitServiceClient::new(channels[i % connections].clone()),
                 workload.clone(),
                 keys.clone(),
                 shared.clone(),
                 SmallRng::seed_from_u64(args.seed.wrapping_mul(1_000_003).wrapping_add(i as u64)),
-                schedule,
+                pacer.clone(),
                 timeout,
             ))
         })
@@ -398,6 +437,7 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
                 tally.merge(w.await.expect("a bench worker panicked"));
             }
             let elapsed = measured_at.elapsed();
+            shared.phase.store(STOP, Ordering::Release);
             (elapsed, redis_snapshot(&redis_urls).await?)
         }
     };
