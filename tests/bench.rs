@@ -88,3 +88,15 @@ async fn the_redis_reading_shows_one_script_call_per_decision() {
     assert!(cost.usec_per_decision > 0.0 && cost.cpu_usec_per_decision > 0.0);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_paced_run_answers_every_request_and_ends() {
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    let mut args = BenchArgs::new(server.uri(), 300);
+    args.rate = Some(20_000.0);
+    args.keys = 1;
+    let report = run(&args, false).await.expect("bench run");
+    assert_eq!((report.ok, report.over_limit), (100, 200), "{report:?}");
+    assert!(report.errors.is_empty(), "{report:?}");
+    server.stop().await;
+}
