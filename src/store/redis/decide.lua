@@ -87,19 +87,20 @@ end
 -- the general path below, with one flat table instead of a table per limit
 -- and state: in Redis's Lua, tables, closures and number-to-string
 -- conversions cost more than the commands. It only reads until it knows it
--- can finish, and gives way to the general path when buckets must leave a
--- window, the clock stepped back, or two limits share a counter.
+-- can finish, and gives way to the general path when the clock stepped back
+-- or two limits share a counter.
 local function fast()
   local key, role, hits, count = KEYS[1], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   local fmt = string.format
-  -- Per limit, 10 slots from i * 10: sliding, requests, d, p, oldest, cur,
-  -- field prefix, index of its first field in the HMGET, then t, o. Tables
-  -- are built at the size one limit needs: growing one reallocates it.
-  local L = { false, false, false, false, false, false, false, false, false, false }
+  -- Per limit, 12 slots from i * 12: sliding, requests, d, p, oldest, cur,
+  -- field prefix, index of its first field in the HMGET, then t, o, n and
+  -- whether buckets left the window. Tables are built at the size one limit
+  -- needs: growing one reallocates it.
+  local L = { false, false, false, false, false, false, false, false, false, false, false, false }
   local fields, nf = { 'x', false, false, false, false, false }, 1
   local seen = count > 1 and {}
   for i = 0, count - 1 do
-    local a, at = 6 + i * 4, i * 10
+    local a, at = 6 + i * 4, i * 12
     local alg, d = ARGV[a + 2], tonumber(ARGV[a + 1])
     local f
     if alg == '0' then
@@ -138,18 +139,49 @@ local function fast()
   local x = tonumber(v[1]) or 0
 
   -- Check every limit; give way before anything is written.
-  local reply, over_any = { 0, now, 0, 0, 0, 0, 0, 0, 0, 0 }, false
+  local reply, over_any, dels = { 0, now, 0, 0, 0, 0, 0, 0, 0, 0 }, false, nil
   for i = 0, count - 1 do
-    local at, r = i * 10, 2 + i * 8
+    local at, r = i * 12, 2 + i * 8
     local requests, j = L[at + 2], L[at + 8]
     local used
     if L[at + 1] then
-      local p, d, oldest, cur = L[at + 4], L[at + 3], L[at + 5], L[at + 6]
+      local p, d, oldest, cur, f = L[at + 4], L[at + 3], L[at + 5], L[at + 6], L[at + 7]
       local t, o, n = tonumber(v[j]) or 0, tonumber(v[j + 1]), tonumber(v[j + 2])
-      if t > 0 and (o < oldest or n > cur) then
+      if t > 0 and n > cur then
         return nil
       end
-      L[at + 9], L[at + 10] = t, o
+      if t > 0 and o < oldest then
+        -- Buckets left the window: read the span once, drop the old ones and
+        -- find the oldest that remains (at most one bucket per bucket of the
+        -- window since the previous call). Written at the end, admitted or
+        -- not, as the general path does.
+        local names = {}
+        for b = o, n do
+          names[b - o + 1] = fmt('%s%d', f, b)
+        end
+        local counts = redis.call('HMGET', key, unpack(names))
+        local first
+        dels = dels or {}
+        for k, name in ipairs(names) do
+          local c = tonumber(counts[k])
+          if c then
+            if o + k - 1 < oldest then
+              t = t - c
+              dels[#dels + 1] = name
+            elseif not first then
+              first = o + k - 1
+            end
+          end
+        end
+        if t > 0 and first then
+          o = first
+        else
+          t, o, n = 0, nil, nil
+          dels[#dels + 1], dels[#dels + 2], dels[#dels + 3] = f .. 't', f .. 'o', f .. 'n'
+        end
+        L[at + 12] = true
+      end
+      L[at + 9], L[at + 10], L[at + 11] = t, o, n
       local co = tonumber(v[j + 3])
       local inside = (oldest + 1) * p - (now - d)
       used = t
@@ -174,12 +206,13 @@ local function fast()
   -- written: the oldest and newest bucket markers rarely do.
   local set, m, expiry = { false, false, false, false, false, false, false, false, false, false }, 0, 0
   for i = 0, count - 1 do
-    local at, r = i * 10, 2 + i * 8
+    local at, r = i * 12, 2 + i * 8
     local requests, d, f, j = L[at + 2], L[at + 3], L[at + 7], L[at + 8]
     local slot, reset, full = -1, 0, 0
     local counted = applied and hits > 0
     if L[at + 1] then
       local p, oldest, cur, t, o = L[at + 4], L[at + 5], L[at + 6], L[at + 9], L[at + 10]
+      local swept = L[at + 12]
       if counted then
         local scur = fmt('%d', cur)
         set[m + 1], set[m + 2] = f .. scur, fmt('%d', (tonumber(v[j + 4]) or 0) + hits)
@@ -187,15 +220,20 @@ local function fast()
         m = m + 4
         if t == 0 then
           o = cur
-          set[m + 1], set[m + 2] = f .. 'o', scur
+        end
+        if t == 0 or swept then
+          set[m + 1], set[m + 2] = f .. 'o', fmt('%d', o)
           m = m + 2
         end
-        if t == 0 or tonumber(v[j + 2]) ~= cur then
+        if t == 0 or L[at + 11] ~= cur then
           set[m + 1], set[m + 2] = f .. 'n', scur
           m = m + 2
         end
         t, slot = t + hits, cur
         expiry = max(expiry, (cur + 1) * p + d)
+      elseif swept and t > 0 then
+        set[m + 1], set[m + 2], set[m + 3], set[m + 4] = f .. 't', fmt('%d', t), f .. 'o', fmt('%d', o)
+        m = m + 4
       end
       if t == 0 then
         reset = (cur + 1) * p + d - now
@@ -236,6 +274,9 @@ local function fast()
       end
     end
     reply[r + 4], reply[r + 5], reply[r + 6], reply[r + 7], reply[r + 8] = reset, reset, full, full, slot
+  end
+  if dels then
+    redis.call('HDEL', key, unpack(dels))
   end
   if m > 0 then
     local extend = expiry > x
