@@ -1805,28 +1805,7 @@ fn envoy_accepts_the_front_proxy_and_the_istio_patches() {
 
 /// One HTTP/1.1 GET: the status and the response head (lowercase).
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to Envoy");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    let _ = stream.read_to_string(&mut reply);
-    let head = reply
-        .split("\r\n\r\n")
-        .next()
-        .unwrap_or_default()
-        .to_lowercase();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let (status, head, _) = support::http_exchange(addr, "GET", path, "");
     (status, head)
 }
 

@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::io::{Read, Write};
 use std::process::Command;
 use std::time::Duration;
 
@@ -218,31 +217,15 @@ async fn reflection_lists_the_rate_limit_service() {
     server.stop().await;
 }
 
-/// A plain HTTP/1.1 GET, enough for the admin endpoints.
-fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
-    reply
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_http_answers_healthz_on_its_own_port() {
     let server = Server::start(RULES, HeaderMode::Off).await;
     let http = server.http;
-    let reply = tokio::task::spawn_blocking(move || http_get(http, "/healthz"))
-        .await
-        .unwrap();
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    assert!(reply.ends_with("ok\n"), "{reply}");
+    let (status, body) =
+        tokio::task::spawn_blocking(move || support::http(http, "GET", "/healthz", ""))
+            .await
+            .unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
     server.stop().await;
 }
 

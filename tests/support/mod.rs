@@ -263,10 +263,16 @@ pub async fn redis_store(
         .expect("connect to the test Redis")
 }
 
-/// One HTTP/1.1 request to the admin port: `(status code, body)`.
-pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+/// One HTTP/1.1 exchange: `(status code, head, body)`, the head (status line
+/// and headers) lowercased; status 0 when no status line came back.
+pub fn http_exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String, String) {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the admin port");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the HTTP port");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
@@ -277,15 +283,20 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Str
     )
     .unwrap();
     let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
-    let status = reply
+    let _ = stream.read_to_string(&mut reply);
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .expect("a status line");
-    let body = reply
-        .split_once("\r\n\r\n")
-        .map_or(String::new(), |(_, b)| b.to_owned());
+        .unwrap_or(0);
+    (status, head.to_lowercase(), body.to_owned())
+}
+
+/// One HTTP/1.1 request to the admin port: `(status code, body)`.
+pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let (status, _, body) = http_exchange(addr, method, path, body);
+    assert_ne!(status, 0, "no status line from {addr}{path}");
     (status, body)
 }
 
