@@ -81,6 +81,67 @@ local function ceil_div(a, b)
   return q
 end
 
+-- The sliding window's arithmetic, shared by both paths. `c` is the count
+-- of the bucket straddling the window's start (`oldest`), `inside` how many
+-- of its milliseconds are still in the window.
+
+-- What the window holds: its live buckets, and the straddling one in
+-- proportion to the part of it still inside (rounded up).
+local function sliding_count(t, o, oldest, c, inside, p)
+  if t > 0 and o == oldest and c and inside < p then
+    return t - c + ceil(c * inside / p)
+  end
+  return t
+end
+
+-- For how long no hit at all can fit; exact or shorter (see Rust's full_for).
+local function sliding_full_for(requests, t, o, oldest, c, inside, p, d)
+  if requests == 0 then
+    return d
+  elseif t == 0 then
+    return 0
+  elseif o == oldest and c and inside < p then
+    local others = t - c
+    if others >= requests then
+      return inside
+    end
+    return inside - min(idiv((requests - 1 - others) * p, c), inside)
+  elseif t >= requests then
+    return max(o * p + d - now, 0)
+  end
+  return 0
+end
+
+-- Buckets o..n of the window at `key` with prefix `f`, some of which left it
+-- (o < oldest): reads the span once (at most one bucket per bucket of the
+-- window since the previous call), takes the old ones off the total `t` and
+-- lists their fields in `del`. Returns the new t, o, n; when nothing is
+-- left, 0, nil, nil with the markers listed in `del` too.
+local function sweep(key, f, t, o, n, oldest, del)
+  local names = {}
+  for b = o, n do
+    names[b - o + 1] = string.format('%s%d', f, b)
+  end
+  local counts = redis.call('HMGET', key, unpack(names))
+  local first
+  for k, name in ipairs(names) do
+    local c = tonumber(counts[k])
+    if c then
+      if o + k - 1 < oldest then
+        t = t - c
+        del[#del + 1] = name
+      elseif not first then
+        first = o + k - 1
+      end
+    end
+  end
+  if t > 0 and first then
+    return t, first, n
+  end
+  del[#del + 1], del[#del + 2], del[#del + 3] = f .. 't', f .. 'o', f .. 'n'
+  return 0, nil, nil
+end
+
 -- Fast path: the whole request is one key whose limits are sliding or fixed
 -- windows on distinct counters (the common shapes: one limit, or several
 -- windows on one descriptor). Same state, same arithmetic and same reply as
@@ -151,43 +212,13 @@ local function fast()
         return nil
       end
       if t > 0 and o < oldest then
-        -- Buckets left the window: read the span once, drop the old ones and
-        -- find the oldest that remains (at most one bucket per bucket of the
-        -- window since the previous call). Written at the end, admitted or
-        -- not, as the general path does.
-        local names = {}
-        for b = o, n do
-          names[b - o + 1] = fmt('%s%d', f, b)
-        end
-        local counts = redis.call('HMGET', key, unpack(names))
-        local first
+        -- Written at the end, admitted or not, as the general path does.
         dels = dels or {}
-        for k, name in ipairs(names) do
-          local c = tonumber(counts[k])
-          if c then
-            if o + k - 1 < oldest then
-              t = t - c
-              dels[#dels + 1] = name
-            elseif not first then
-              first = o + k - 1
-            end
-          end
-        end
-        if t > 0 and first then
-          o = first
-        else
-          t, o, n = 0, nil, nil
-          dels[#dels + 1], dels[#dels + 2], dels[#dels + 3] = f .. 't', f .. 'o', f .. 'n'
-        end
+        t, o, n = sweep(key, f, t, o, n, oldest, dels)
         L[at + 12] = true
       end
       L[at + 9], L[at + 10], L[at + 11] = t, o, n
-      local co = tonumber(v[j + 3])
-      local inside = (oldest + 1) * p - (now - d)
-      used = t
-      if t > 0 and o == oldest and co and inside < p then
-        used = t - co + ceil(co * inside / p)
-      end
+      used = sliding_count(t, o, oldest, tonumber(v[j + 3]), (oldest + 1) * p - (now - d), p)
     else
       local c = tonumber(v[j + 1]) or 0
       if tonumber(v[j]) ~= L[at + 6] then
@@ -240,22 +271,8 @@ local function fast()
       else
         reset = (o + 1) * p + d - now
       end
-      local co = tonumber(v[j + 3])
       local inside = (oldest + 1) * p - (now - d)
-      if requests == 0 then
-        full = d
-      elseif t == 0 then
-        full = 0
-      elseif o == oldest and co and inside < p then
-        local others = t - co
-        if others >= requests then
-          full = inside
-        else
-          full = inside - min(idiv((requests - 1 - others) * p, co), inside)
-        end
-      elseif t >= requests then
-        full = max(o * p + d - now, 0)
-      end
+      full = sliding_full_for(requests, t, o, oldest, tonumber(v[j + 3]), inside, p, d)
     else
       local window = L[at + 6]
       local w, c = tonumber(v[j]), tonumber(v[j + 1]) or 0
@@ -397,47 +414,14 @@ end
 local function sliding_used(st)
   local k, f, p, d = st.k, st.f, st.p, st.d
   if st.t > 0 and st.o < st.oldest then
-    -- Buckets left the window: read the whole span once, drop the old ones,
-    -- and find the oldest that remains (at most one bucket per bucket of the
-    -- window since the previous call).
-    local names = {}
-    for b = st.o, st.n do
-      names[#names + 1] = f .. b
-    end
-    local counts = redis.call('HMGET', k.key, unpack(names))
-    local first = nil
-    for j, b in ipairs(names) do
-      local c = tonumber(counts[j])
-      local index = st.o + j - 1
-      if c then
-        if index < st.oldest then
-          st.t = st.t - c
-          k.del[#k.del + 1] = b
-        elseif not first then
-          first = index
-        end
-      end
-    end
-    if st.t > 0 and first then
-      st.o = first
+    st.t, st.o, st.n = sweep(k.key, f, st.t, st.o, st.n, st.oldest, k.del)
+    if st.t > 0 then
       write(k, f .. 't', st.t)
       write(k, f .. 'o', st.o)
-    else
-      st.t, st.o, st.n = 0, nil, nil
-      k.del[#k.del + 1] = f .. 't'
-      k.del[#k.del + 1] = f .. 'o'
-      k.del[#k.del + 1] = f .. 'n'
     end
   end
-  if st.t == 0 then
-    return 0
-  end
   local inside = (st.oldest + 1) * p - (now - d)
-  local c = st.buckets[st.oldest]
-  if st.o == st.oldest and c and inside < p then
-    return st.t - c + ceil(c * inside / p)
-  end
-  return st.t
+  return sliding_count(st.t, st.o, st.oldest, st.buckets[st.oldest], inside, p)
 end
 
 -- Entries still in the window, without the oldest hits beyond the limit
@@ -637,27 +621,8 @@ end
 local function full_for(l)
   local st = l.st
   if st.alg == 0 then
-    local limit, p, d = l.requests, st.p, st.d
-    if limit == 0 then
-      return d
-    end
-    if st.t == 0 then
-      return 0
-    end
-    local inside = (st.oldest + 1) * p - (now - d)
-    local c = st.buckets[st.oldest]
-    if st.o == st.oldest and c and inside < p then
-      local others = st.t - c
-      if others >= limit then
-        return inside
-      end
-      local allowed = min(idiv((limit - 1 - others) * p, c), inside)
-      return inside - allowed
-    end
-    if st.t >= limit then
-      return max(st.o * p + d - now, 0)
-    end
-    return 0
+    local inside = (st.oldest + 1) * st.p - (now - st.d)
+    return sliding_full_for(l.requests, st.t, st.o, st.oldest, st.buckets[st.oldest], inside, st.p, st.d)
   elseif st.alg == 1 then
     if st.w == floor(now / st.d) and st.c >= l.requests then
       return reset(l)
