@@ -61,8 +61,8 @@ pub enum QueryError {
     #[error("invalid address '{0}': {1}")]
     Address(String, String),
     /// No connection could be made.
-    #[error("cannot connect to {0}: {1}")]
-    Connect(String, tonic::transport::Error),
+    #[error("cannot connect to {0}")]
+    Connect(String, #[source] tonic::transport::Error),
     /// The server answered with an error status.
     #[error("server answered {}: {}", .0.code(), .0.message())]
     Status(tonic::Status),

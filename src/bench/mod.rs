@@ -27,7 +27,7 @@ pub use workload::{DescriptorTemplate, Distribution, Keys, Workload};
 use crate::proto as pb;
 use crate::proto::rate_limit_response::Code;
 use crate::rules::parse_duration;
-use crate::store::{RedisUrl, server_info};
+use crate::store::{RedisUrl, StoreError, server_info};
 
 /// `sluice bench`.
 #[derive(Clone, Debug, clap::Args)]
@@ -138,8 +138,8 @@ pub enum BenchError {
     #[error("{0}")]
     Invalid(String),
     /// The server could not be reached.
-    #[error("cannot connect to {0}: {1}")]
-    Connect(String, tonic::transport::Error),
+    #[error("cannot connect to {0}")]
+    Connect(String, #[source] tonic::transport::Error),
     /// Redis could not be read.
     #[error("cannot read INFO from Redis: {0}")]
     Redis(String),
@@ -173,6 +173,15 @@ impl Shared {
                 .tickets
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| t.checked_sub(1))
                 .is_ok()
+    }
+}
+
+/// Ends the run (workers, pacer) when dropped.
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.phase.store(STOP, Ordering::Release);
     }
 }
 
@@ -227,10 +236,14 @@ async fn redis_snapshot(urls: &[RedisUrl]) -> Result<Option<RedisSnapshot>, Benc
     }
     let mut snapshot = RedisSnapshot::default();
     for url in urls {
-        for text in server_info(url)
-            .await
-            .map_err(|e| BenchError::Redis(e.to_string()))?
-        {
+        let texts = server_info(url).await.map_err(|e| {
+            let why = match e {
+                StoreError::Unavailable(why) => why,
+                other => other.to_string(),
+            };
+            BenchError::Redis(format!("{url}: {why}"))
+        })?;
+        for text in texts {
             snapshot.add_info(&text);
         }
     }
@@ -374,12 +387,16 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
         counted: args.requests.is_some(),
     });
 
-    let before = if args.warmup == 0 {
-        redis_snapshot(&redis_urls).await?
-    } else {
-        None
-    };
-    let start = Instant::now();
+    // Workers, pacer and progress stop whenever this function returns,
+    // an error included.
+    let _stop = StopOnDrop(shared.clone());
+    // With no warm-up, measuring starts with the first request, so the
+    // reading is taken before any is sent; else when the warm-up ends.
+    let warmup = Duration::from_millis(args.warmup);
+    let mut before = None;
+    if warmup.is_zero() {
+        before = redis_snapshot(&redis_urls).await?;
+    }
     let pacer = args.rate.map(|rate| Pacer::start(rate, shared.clone()));
     let workers: Vec<_> = (0..concurrency)
         .map(|i| {
@@ -396,14 +413,12 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
         .collect();
 
     let bar = progress.then(|| progress_bar(args, measure_for));
-    let (before, measured_at) = if args.warmup > 0 {
-        tokio::time::sleep(Duration::from_millis(args.warmup)).await;
-        let before = redis_snapshot(&redis_urls).await?;
+    if !warmup.is_zero() {
+        tokio::time::sleep(warmup).await;
+        before = redis_snapshot(&redis_urls).await?;
         shared.phase.store(MEASURE, Ordering::Release);
-        (before, Instant::now())
-    } else {
-        (before, start)
-    };
+    }
+    let measured_at = Instant::now();
     let ticker = bar.clone().map(|bar| {
         let shared = shared.clone();
         tokio::spawn(async move {
