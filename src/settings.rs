@@ -51,6 +51,9 @@ pub struct Settings {
     pub max_hits_addend: u64,
     /// Redis to keep counters in; `None` keeps them in memory.
     pub redis_url: Option<RedisUrl>,
+    /// Redis password, kept apart from the URL (e.g. from a Kubernetes
+    /// Secret); replaces any password in `redis_url`.
+    pub redis_password: Option<Secret>,
     /// Redis connections, used round-robin.
     pub redis_pool_size: usize,
     /// Longest wait for Redis per decision, in milliseconds.
@@ -100,6 +103,7 @@ impl Default for Settings {
             max_entry_bytes: bounds.max_entry_bytes,
             max_hits_addend: bounds.max_hits_addend,
             redis_url: None,
+            redis_password: None,
             redis_pool_size: 4,
             redis_timeout_ms: 10,
             redis_key_prefix: "sluice:".into(),
@@ -173,6 +177,12 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_url: Option<String>,
+    /// Redis password (AUTH, or the password of the user named in the URL);
+    /// replaces any password in the URL. Prefer SLUICE_REDIS_PASSWORD: a
+    /// flag shows in the process list [default: none]
+    #[arg(long, value_name = "PASSWORD")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_password: Option<String>,
     /// Redis connections, used round-robin [default: 4]
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -249,6 +259,24 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local_cache_size: Option<usize>,
+}
+
+/// A secret setting: its value never appears in `Debug` output (logs).
+#[derive(Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself (to use it, never to log it).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
 }
 
 /// Why settings could not be read.
@@ -333,7 +361,10 @@ impl Settings {
         self.redis_url
             .as_ref()
             .map(|url| crate::store::RedisStoreConfig {
-                url: url.clone(),
+                url: match &self.redis_password {
+                    Some(password) => url.with_password(password.expose()),
+                    None => url.clone(),
+                },
                 pool_size: self.redis_pool_size,
                 timeout: std::time::Duration::from_millis(self.redis_timeout_ms.max(1)),
                 key_prefix: self.redis_key_prefix.clone(),
@@ -452,6 +483,25 @@ mod tests {
             text.contains("unknown setting 'grpc_adr'") && text.contains("grpc_addr"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_redis_password_from_the_environment_goes_into_the_url_and_not_the_logs() {
+        let s = Settings::load_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[
+                ("SLUICE_REDIS_URL", "redis-cluster://alice@a:7000,b:7001"),
+                ("SLUICE_REDIS_PASSWORD", "p@ss:w/rd"),
+            ]),
+        )
+        .unwrap();
+        let redis = s.redis().expect("a Redis store");
+        assert_eq!(
+            redis.url.expose(),
+            "redis-cluster://alice:p%40ss%3Aw%2Frd@a:7000,b:7001"
+        );
+        assert!(!format!("{s:?}").contains("p@ss"), "{s:?}");
     }
 
     #[test]

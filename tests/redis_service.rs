@@ -409,6 +409,32 @@ async fn a_hung_redis_times_out_as_unavailable_and_recovers() {
     server.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_set_apart_from_the_url_authenticates() {
+    // What the redis-cluster overlay does: the URL without credentials, the
+    // password (with characters special in a URL) in its own setting.
+    let password = "p@ss:w/rd %";
+    let redis = RedisServer::start_with(&["--requirepass", password]);
+    let (_sluice, addr) = start_binary(&[
+        "--rules",
+        rules_file(),
+        "--redis-url",
+        &redis.url(),
+        "--redis-password",
+        password,
+    ]);
+    let mut c = connect(&addr).await;
+    let r = c
+        .should_rate_limit(request_redis(&[&[("client", "apart")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 4)
+    );
+}
+
 #[tokio::test]
 async fn acl_users_authenticate_and_wrong_passwords_fail_unavailable() {
     let redis = RedisServer::start_with(&[

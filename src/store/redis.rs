@@ -57,6 +57,36 @@ impl RedisUrl {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// The URL with `password` as its password (percent-encoded; a user
+    /// name in the URL is kept, a password in it is replaced). Lets a
+    /// password kept in a Kubernetes Secret stay out of the URL.
+    pub fn with_password(&self, password: &str) -> RedisUrl {
+        let Some((scheme, rest)) = self.0.split_once("://") else {
+            return self.clone();
+        };
+        let (user, hosts) = match rest.rsplit_once('@') {
+            Some((auth, hosts)) => (auth.split_once(':').map_or(auth, |(u, _)| u), hosts),
+            None => ("", rest),
+        };
+        RedisUrl(format!(
+            "{scheme}://{user}:{}@{hosts}",
+            percent_encode(password)
+        ))
+    }
+}
+
+/// Every byte but the URL's unreserved characters as `%XX`.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 impl fmt::Display for RedisUrl {
@@ -654,6 +684,31 @@ mod tests {
             RedisUrl::new("redis://redis:6379").to_string(),
             "redis://redis:6379"
         );
+    }
+
+    #[test]
+    fn a_separate_password_is_encoded_into_the_url() {
+        let password = "p@ss:w/rd %ü";
+        for (url, user) in [
+            ("redis://redis:6379/1", None),
+            ("redis://alice@redis:6379", Some("alice")),
+            ("redis://alice:old@redis:6379", Some("alice")),
+            ("redis://:old@redis:6379", None),
+            ("redis-cluster://a:7000,b:7001", None),
+            ("rediss-sentinel://s1:26379,s2:26379/mymaster", None),
+        ] {
+            let merged = RedisUrl::new(url).with_password(password);
+            let c = parse_url(&merged).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(
+                (c.username.as_deref(), c.password.as_deref()),
+                (user, Some(password)),
+                "{url} -> {}",
+                merged.expose()
+            );
+            assert!(!merged.to_string().contains("p@ss"), "{merged}");
+        }
+        let merged = RedisUrl::new("redis://redis:6379/1").with_password("x");
+        assert_eq!(merged.expose(), "redis://:x@redis:6379/1");
     }
 
     #[test]
