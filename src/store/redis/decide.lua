@@ -142,68 +142,90 @@ local function sweep(key, f, t, o, n, oldest, del)
   return 0, nil, nil
 end
 
--- Fast path: the whole request is one key whose limits are sliding or fixed
--- windows on distinct counters (the common shapes: one limit, or several
--- windows on one descriptor). Same state, same arithmetic and same reply as
--- the general path below, with one flat table instead of a table per limit
--- and state: in Redis's Lua, tables, closures and number-to-string
--- conversions cost more than the commands. It only reads until it knows it
--- can finish, and gives way to the general path when the clock stepped back
--- or two limits share a counter.
+-- Fast path: the whole request in this call, each descriptor on its own key,
+-- every limit a sliding or fixed window on its own counter (the common
+-- shapes). Same state, same arithmetic and same reply as the general path
+-- below, with flat preallocated tables instead of a table per limit and
+-- state: in Redis's Lua, tables, closures and number-to-string conversions
+-- cost more than the commands. It only reads until it knows it can finish,
+-- and gives way to the general path when a key or counter is named twice,
+-- another algorithm is asked for, or the clock stepped back.
 local function fast()
-  local key, role, hits, count = KEYS[1], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   local fmt = string.format
-  -- Per limit, 12 slots from i * 12: sliding, requests, d, p, oldest, cur,
-  -- field prefix, index of its first field in the HMGET, then t, o, n and
-  -- whether buckets left the window. Tables are built at the size one limit
-  -- needs: growing one reallocates it.
-  local L = { false, false, false, false, false, false, false, false, false, false, false, false }
-  local fields, nf = { 'x', false, false, false, false, false }, 1
-  local seen = count > 1 and {}
-  for i = 0, count - 1 do
-    local a, at = 6 + i * 4, i * 12
-    local alg, d = ARGV[a + 2], tonumber(ARGV[a + 1])
-    local f
-    if alg == '0' then
-      f = ARGV[a + 1] .. ':' .. ARGV[a + 3] .. ':'
-    elseif alg == '1' then
-      f = ARGV[a + 1] .. ':f:'
-    else
-      return nil
-    end
-    if seen then
-      if seen[f] then
+  -- Per limit, 13 slots from l * 13: sliding, requests, d, p, oldest, cur,
+  -- field prefix, index of its first field in its key's HMGET, then t, o,
+  -- n, whether buckets left the window, and its item. Tables are built at
+  -- the size one limit needs: growing one reallocates it.
+  local L = { false, false, false, false, false, false, false, false, false, false, false, false, false }
+  -- Per item (key): what it reads and writes.
+  local K, nl, a = {}, 0, 3
+  local keys_seen = #KEYS > 1 and {}
+  for i = 1, #KEYS do
+    local key = KEYS[i]
+    if keys_seen then
+      if keys_seen[key] then
         return nil
       end
-      seen[f] = true
+      keys_seen[key] = true
     end
-    L[at + 1], L[at + 2], L[at + 3], L[at + 7], L[at + 8] = alg == '0', tonumber(ARGV[a]), d, f, nf + 1
-    if alg == '0' then
-      local p = tonumber(ARGV[a + 3])
-      local oldest, cur = floor((now - d) / p), floor(now / p)
-      if oldest == cur then
+    local count = tonumber(ARGV[a + 2])
+    local fields, nf = { 'x', false, false, false, false, false }, 1
+    local seen = count > 1 and {}
+    K[i] = { key = key, role = ARGV[a], hits = tonumber(ARGV[a + 1]), fields = false,
+      nf = 0, v = false, x = 0, set = false, m = 0, dels = false, expiry = 0, over = false }
+    a = a + 3
+    for _ = 1, count do
+      local at = nl * 13
+      local alg, d = ARGV[a + 2], tonumber(ARGV[a + 1])
+      local f
+      if alg == '0' then
+        f = ARGV[a + 1] .. ':' .. ARGV[a + 3] .. ':'
+      elseif alg == '1' then
+        f = ARGV[a + 1] .. ':f:'
+      else
         return nil
       end
-      L[at + 4], L[at + 5], L[at + 6] = p, oldest, cur
-      -- string.format('%d') is about twice as cheap as Lua's own
-      -- number-to-string (a %.14g printf).
-      fields[nf + 1], fields[nf + 2], fields[nf + 3] = f .. 't', f .. 'o', f .. 'n'
-      fields[nf + 4], fields[nf + 5] = fmt('%s%d', f, oldest), fmt('%s%d', f, cur)
-      nf = nf + 5
-    else
-      L[at + 6] = floor(now / d)
-      fields[nf + 1], fields[nf + 2] = f .. 'w', f .. 'c'
-      nf = nf + 2
+      if seen then
+        if seen[f] then
+          return nil
+        end
+        seen[f] = true
+      end
+      L[at + 1], L[at + 2], L[at + 3], L[at + 7], L[at + 8] = alg == '0', tonumber(ARGV[a]), d, f, nf + 1
+      L[at + 12], L[at + 13] = false, i
+      if alg == '0' then
+        local p = tonumber(ARGV[a + 3])
+        local oldest, cur = floor((now - d) / p), floor(now / p)
+        if oldest == cur then
+          return nil
+        end
+        L[at + 4], L[at + 5], L[at + 6] = p, oldest, cur
+        -- string.format('%d') is about twice as cheap as Lua's own
+        -- number-to-string (a %.14g printf).
+        fields[nf + 1], fields[nf + 2], fields[nf + 3] = f .. 't', f .. 'o', f .. 'n'
+        fields[nf + 4], fields[nf + 5] = fmt('%s%d', f, oldest), fmt('%s%d', f, cur)
+        nf = nf + 5
+      else
+        L[at + 6] = floor(now / d)
+        fields[nf + 1], fields[nf + 2] = f .. 'w', f .. 'c'
+        nf = nf + 2
+      end
+      nl, a = nl + 1, a + 4
     end
+    K[i].fields, K[i].nf = fields, nf
   end
-  local v = redis.call('HMGET', key, unpack(fields, 1, nf))
-  local x = tonumber(v[1]) or 0
+  for i = 1, #KEYS do
+    local k = K[i]
+    k.v = redis.call('HMGET', k.key, unpack(k.fields, 1, k.nf))
+    k.x = tonumber(k.v[1]) or 0
+  end
 
   -- Check every limit; give way before anything is written.
-  local reply, over_any, dels = { 0, now, 0, 0, 0, 0, 0, 0, 0, 0 }, false, nil
-  for i = 0, count - 1 do
-    local at, r = i * 12, 2 + i * 8
-    local requests, j = L[at + 2], L[at + 8]
+  local reply = { 0, now, 0, 0, 0, 0, 0, 0, 0, 0 }
+  for l = 0, nl - 1 do
+    local at, r = l * 13, 2 + l * 8
+    local k = K[L[at + 13]]
+    local requests, j, v = L[at + 2], L[at + 8], k.v
     local used
     if L[at + 1] then
       local p, d, oldest, cur, f = L[at + 4], L[at + 3], L[at + 5], L[at + 6], L[at + 7]
@@ -213,8 +235,8 @@ local function fast()
       end
       if t > 0 and o < oldest then
         -- Written at the end, admitted or not, as the general path does.
-        dels = dels or {}
-        t, o, n = sweep(key, f, t, o, n, oldest, dels)
+        k.dels = k.dels or {}
+        t, o, n = sweep(k.key, f, t, o, n, oldest, k.dels)
         L[at + 12] = true
       end
       L[at + 9], L[at + 10], L[at + 11] = t, o, n
@@ -226,19 +248,33 @@ local function fast()
       end
       used = c
     end
-    local over = used + hits > requests
-    over_any = over_any or over
+    local over = used + k.hits > requests
+    k.over = k.over or over
     reply[r + 1], reply[r + 2], reply[r + 3] = used, 0, over and 1 or 0
   end
-  local applied = not over_any or role == '1'
+  local enforce_over, quota_seen, quota_all_over = false, false, true
+  for i = 1, #KEYS do
+    local k = K[i]
+    if k.role == '0' then
+      enforce_over = enforce_over or k.over
+    elseif k.role == '2' then
+      quota_seen, quota_all_over = true, quota_all_over and k.over
+    end
+  end
+  local applied = not enforce_over and not (quota_seen and quota_all_over)
   reply[1] = applied and 1 or 0
 
   -- Count (if admitted) and report. Only fields whose value changes are
   -- written: the oldest and newest bucket markers rarely do.
-  local set, m, expiry = { false, false, false, false, false, false, false, false, false, false }, 0, 0
-  for i = 0, count - 1 do
-    local at, r = i * 12, 2 + i * 8
-    local requests, d, f, j = L[at + 2], L[at + 3], L[at + 7], L[at + 8]
+  for l = 0, nl - 1 do
+    local at, r = l * 13, 2 + l * 8
+    local k = K[L[at + 13]]
+    local requests, d, f, j, v, hits = L[at + 2], L[at + 3], L[at + 7], L[at + 8], k.v, k.hits
+    local set, m = k.set, k.m
+    if not set then
+      set = { false, false, false, false, false, false, false, false, false, false }
+      k.set = set
+    end
     local slot, reset, full = -1, 0, 0
     local counted = applied and hits > 0
     if L[at + 1] then
@@ -261,7 +297,7 @@ local function fast()
           m = m + 2
         end
         t, slot = t + hits, cur
-        expiry = max(expiry, (cur + 1) * p + d)
+        k.expiry = max(k.expiry, (cur + 1) * p + d)
       elseif swept and t > 0 then
         set[m + 1], set[m + 2], set[m + 3], set[m + 4] = f .. 't', fmt('%d', t), f .. 'o', fmt('%d', o)
         m = m + 4
@@ -283,34 +319,41 @@ local function fast()
         w, c, slot = window, c + hits, window
         set[m + 1], set[m + 2], set[m + 3], set[m + 4] = f .. 'w', fmt('%d', w), f .. 'c', fmt('%d', c)
         m = m + 4
-        expiry = max(expiry, (window + 1) * d)
+        k.expiry = max(k.expiry, (window + 1) * d)
       end
       reset = (window + 1) * d - now
       if w == window and c >= requests then
         full = reset
       end
     end
+    k.m = m
     reply[r + 4], reply[r + 5], reply[r + 6], reply[r + 7], reply[r + 8] = reset, reset, full, full, slot
   end
-  if dels then
-    redis.call('HDEL', key, unpack(dels))
-  end
-  if m > 0 then
-    local extend = expiry > x
-    if extend then
-      set[m + 1], set[m + 2] = 'x', fmt('%d', expiry)
-      m = m + 2
+
+  -- Per key: at most one HDEL, one HSET and one PEXPIRE.
+  for i = 1, #KEYS do
+    local k = K[i]
+    if k.dels then
+      redis.call('HDEL', k.key, unpack(k.dels))
     end
-    -- HSET first: PEXPIRE on a key that does not exist yet does nothing.
-    redis.call('HSET', key, unpack(set, 1, m))
-    if extend then
-      redis.call('PEXPIRE', key, fmt('%d', expiry - now + 1000))
+    local m = k.m
+    if m > 0 then
+      local extend = k.expiry > k.x
+      if extend then
+        k.set[m + 1], k.set[m + 2] = 'x', fmt('%d', k.expiry)
+        m = m + 2
+      end
+      -- HSET first: PEXPIRE on a key that does not exist yet does nothing.
+      redis.call('HSET', k.key, unpack(k.set, 1, m))
+      if extend then
+        redis.call('PEXPIRE', k.key, fmt('%d', k.expiry - now + 1000))
+      end
     end
   end
   return reply
 end
 
-if whole and #KEYS == 1 then
+if whole then
   local reply = fast()
   if reply then
     return reply
