@@ -62,6 +62,9 @@ fn sliding(duration_ms: u64) -> LimitSpec {
 enum Kind {
     /// Sluice's script with these limits on each identity.
     Script(Vec<LimitSpec>),
+    /// Sluice's script for two descriptors per request (two identities),
+    /// each with these limits.
+    TwoDescriptors(Vec<LimitSpec>),
     /// `INCRBY` + `EXPIRE` per decision, pipelined.
     FixedBaseline,
     /// `ZREMRANGEBYSCORE` + `ZCARD` + `ZADD` + `EXPIRE` per decision,
@@ -106,17 +109,20 @@ fn baseline_key(scenario: usize, i: usize) -> String {
 async fn decide(store: &RedisStore, s: usize, scenario: &Scenario, n: usize) {
     let who = n % IDENTITIES;
     match &scenario.kind {
-        Kind::Script(limits) => {
-            let item = BatchItem {
-                identity: identity(s, who),
-                limits: limits.clone(),
-                hits: 1,
-                role: Role::Enforce,
+        Kind::Script(limits) | Kind::TwoDescriptors(limits) => {
+            let descriptors = match scenario.kind {
+                Kind::TwoDescriptors(_) => 2,
+                _ => 1,
             };
-            store
-                .apply(&Batch { items: vec![item] })
-                .await
-                .expect("decision");
+            let items = (0..descriptors)
+                .map(|d| BatchItem {
+                    identity: identity(s, who + d * IDENTITIES),
+                    limits: limits.clone(),
+                    hits: 1,
+                    role: Role::Enforce,
+                })
+                .collect();
+            store.apply(&Batch { items }).await.expect("decision");
         }
         Kind::FixedBaseline => {
             let key = baseline_key(s, who);
@@ -273,6 +279,10 @@ async fn main() {
             kind: Kind::Script(vec![sliding(1_000), sliding(60_000), sliding(3_600_000)]),
         },
         Scenario {
+            name: "Sluice sliding_window, 2 descriptors of 1 limit each",
+            kind: Kind::TwoDescriptors(vec![sliding(60_000)]),
+        },
+        Scenario {
             name: "Sluice fixed_window, 1 limit (1 min)",
             kind: Kind::Script(vec![spec(1_000_000_000, 60_000, Algorithm::FixedWindow)]),
         },
@@ -317,7 +327,9 @@ async fn main() {
         let elapsed = started.elapsed();
         let cost = before.cost(&snapshot(&config.url).await, DECISIONS as u64);
         let key = match scenario.kind {
-            Kind::Script(_) => identity(s, 7).storage_key(&config.key_prefix),
+            Kind::Script(_) | Kind::TwoDescriptors(_) => {
+                identity(s, 7).storage_key(&config.key_prefix)
+            }
             _ => baseline_key(s, 7),
         };
         let bytes = match command(&store, &args(&["MEMORY", "USAGE", &key])).await {

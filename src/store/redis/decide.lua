@@ -48,6 +48,13 @@ Cost: one HMGET and one HSET per key; a sliding window adds one bounded
 HMGET and one HDEL when buckets leave its window (once per bucket), and a
 sliding log parses at most `requests` entries. Never proportional to the
 request rate.
+
+Two paths compute the same thing: `fast` (whole requests whose keys are
+distinct and whose limits are sliding or fixed windows on distinct
+counters: flat tables, few allocations) and the general path below it
+(everything). Both call the same arithmetic (sliding_count,
+sliding_full_for, sweep); the store conformance suite checks both against
+the Rust algorithms.
 ]]
 
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
