@@ -534,19 +534,23 @@ async fn each_request_is_one_script_call_that_moves_the_ttl_only_when_needed() {
 
 #[tokio::test]
 async fn every_counter_expires_from_its_first_hit() {
-    // One request with a single-limit descriptor (the script's fast path)
-    // and one with several descriptors and limits (its general path): every
-    // key they create must carry a TTL at once, or an identity seen once
-    // would stay in Redis forever.
+    // One request the script's fast path takes (one descriptor) and one it
+    // leaves to its general path (a descriptor named twice): every key they
+    // create must carry a TTL at once, or an identity seen once would stay
+    // in Redis forever.
     let redis = RedisServer::start();
     let server = server_on(&redis.url(), Duration::from_secs(2)).await;
     let mut c = connect(&server.uri()).await;
     c.should_rate_limit(request_redis(&[&[("client", "once")]]))
         .await
         .unwrap();
-    c.should_rate_limit(request_redis(&[&[("three", "once")], &[("a", "once")]]))
-        .await
-        .unwrap();
+    c.should_rate_limit(request_redis(&[
+        &[("three", "once")],
+        &[("three", "once")],
+        &[("a", "once")],
+    ]))
+    .await
+    .unwrap();
     let keys = support::redis::query(redis.port(), &["KEYS", "*"]);
     assert_eq!(keys.items().len(), 3, "{keys:?}");
     for key in keys.items() {
