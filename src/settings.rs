@@ -350,10 +350,28 @@ impl Settings {
         builder = builder.add_source(
             config::Environment::with_prefix("SLUICE")
                 .try_parsing(true)
-                .source(env),
+                .source(env.clone()),
         );
         builder = builder.add_source(config::Config::try_from(flags)?);
-        Ok(builder.build()?.try_deserialize()?)
+        let mut settings: Settings = builder.build()?.try_deserialize()?;
+        // The environment source parses values that look like numbers or
+        // booleans ("007" would become "7"); a password must arrive as it is.
+        let raw = match &env {
+            Some(env) => env.get("SLUICE_REDIS_PASSWORD").cloned(),
+            None => std::env::var("SLUICE_REDIS_PASSWORD").ok(),
+        };
+        if let (None, Some(raw)) = (&flags.redis_password, raw) {
+            settings.redis_password = Some(Secret(raw));
+        }
+        // An empty password (an empty variable) means none: no AUTH "".
+        if settings
+            .redis_password
+            .as_ref()
+            .is_some_and(|p| p.0.is_empty())
+        {
+            settings.redis_password = None;
+        }
+        Ok(settings)
     }
 
     /// The Redis store settings, when a Redis URL is set.
@@ -491,7 +509,7 @@ mod tests {
             None,
             &SettingsFlags::default(),
             env(&[
-                ("SLUICE_REDIS_URL", "redis-cluster://alice@a:7000,b:7001"),
+                ("SLUICE_REDIS_URL", "redis-cluster://alice:@a:7000,b:7001"),
                 ("SLUICE_REDIS_PASSWORD", "p@ss:w/rd"),
             ]),
         )
@@ -502,6 +520,42 @@ mod tests {
             "redis-cluster://alice:p%40ss%3Aw%2Frd@a:7000,b:7001"
         );
         assert!(!format!("{s:?}").contains("p@ss"), "{s:?}");
+    }
+
+    #[test]
+    fn a_redis_password_that_looks_like_a_number_arrives_as_it_is() {
+        let load = |password: &str| {
+            Settings::load_from(
+                None,
+                &SettingsFlags::default(),
+                env(&[
+                    ("SLUICE_REDIS_URL", "redis://h:1"),
+                    ("SLUICE_REDIS_PASSWORD", password),
+                ]),
+            )
+            .unwrap()
+        };
+        for password in ["007", "TRUE", "1e3", " 42"] {
+            let s = load(password);
+            assert_eq!(
+                s.redis_password.as_ref().map(Secret::expose),
+                Some(password)
+            );
+        }
+        // An empty variable is no password at all (no AUTH "").
+        assert_eq!(load("").redis_password, None);
+        assert_eq!(load("").redis().unwrap().url.expose(), "redis://h:1");
+        // A flag still wins over the environment.
+        let flags = SettingsFlags {
+            redis_password: Some("from-flag".into()),
+            ..Default::default()
+        };
+        let s =
+            Settings::load_from(None, &flags, env(&[("SLUICE_REDIS_PASSWORD", "007")])).unwrap();
+        assert_eq!(
+            s.redis_password.as_ref().map(Secret::expose),
+            Some("from-flag")
+        );
     }
 
     #[test]

@@ -58,15 +58,16 @@ impl RedisUrl {
         &self.0
     }
 
-    /// The URL with `password` as its password (percent-encoded; a user
-    /// name in the URL is kept, a password in it is replaced). Lets a
-    /// password kept in a Kubernetes Secret stay out of the URL.
+    /// The URL with `password` as its password (percent-encoded). A user
+    /// name in the URL (`user:…@`) is kept; a password in it is replaced,
+    /// including the `password@` form, which names no user. Lets a password
+    /// kept in a Kubernetes Secret stay out of the URL.
     pub fn with_password(&self, password: &str) -> RedisUrl {
         let Some((scheme, rest)) = self.0.split_once("://") else {
             return self.clone();
         };
         let (user, hosts) = match rest.rsplit_once('@') {
-            Some((auth, hosts)) => (auth.split_once(':').map_or(auth, |(u, _)| u), hosts),
+            Some((auth, hosts)) => (auth.split_once(':').map_or("", |(u, _)| u), hosts),
             None => ("", rest),
         };
         RedisUrl(format!(
@@ -350,9 +351,11 @@ impl RedisStore {
         &self.pool
     }
 
-    /// Closes every connection.
+    /// Closes every connection, waiting at most two seconds: a connection
+    /// stuck in reconnect back-off (Redis down, or refusing our password)
+    /// must not hold the process at shutdown.
     pub async fn quit(&self) {
-        let _ = self.pool.quit().await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.pool.quit()).await;
     }
 
     /// One `EVALSHA` on the node owning the keys' slot, loading the script first if
@@ -691,7 +694,8 @@ mod tests {
         let password = "p@ss:w/rd %ü";
         for (url, user) in [
             ("redis://redis:6379/1", None),
-            ("redis://alice@redis:6379", Some("alice")),
+            ("redis://alice:@redis:6379", Some("alice")),
+            ("redis://stale@redis:6379", None),
             ("redis://alice:old@redis:6379", Some("alice")),
             ("redis://:old@redis:6379", None),
             ("redis-cluster://a:7000,b:7001", None),

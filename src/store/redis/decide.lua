@@ -156,7 +156,8 @@ end
 -- state: in Redis's Lua, tables, closures and number-to-string conversions
 -- cost more than the commands. It only reads until it knows it can finish,
 -- and gives way to the general path when a key or counter is named twice,
--- another algorithm is asked for, or the clock stepped back.
+-- another algorithm is asked for, the clock stepped back, or a precision is
+-- not shorter than its window.
 local function fast()
   local fmt = string.format
   -- Per limit, 13 slots from l * 13: sliding, requests, d, p, oldest, cur,
@@ -360,7 +361,7 @@ local function fast()
   return reply
 end
 
-if whole then
+if whole and #KEYS > 0 then
   local reply = fast()
   if reply then
     return reply
