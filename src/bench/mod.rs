@@ -250,10 +250,20 @@ async fn redis_snapshot(urls: &[RedisUrl]) -> Result<Option<RedisSnapshot>, Benc
     Ok(Some(snapshot))
 }
 
-/// Releases requests at a fixed rate to whichever worker is free.
+/// Releases requests at a fixed rate to whichever worker is free. Request
+/// `n` is due at `start + n / rate`; latency counts from then, so time a
+/// due request waits (for a free worker, or because the pacer thread was
+/// not scheduled) counts against the server: no coordinated omission.
 struct Pacer {
-    /// Release times; shared by the workers, one takes each.
-    released: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Instant>>,
+    start: Instant,
+    rate: f64,
+    /// Requests released so far (those due by the pacer's last step).
+    released: AtomicU64,
+    /// Requests taken by workers; `claimed <= released`.
+    claimed: AtomicU64,
+    /// Wakes workers waiting for a release, and at the end.
+    step: tokio::sync::Notify,
+    shared: Arc<Shared>,
 }
 
 impl Pacer {
@@ -261,31 +271,53 @@ impl Pacer {
     /// thread of its own with a 100 µs step: Tokio's timer ticks in whole
     /// milliseconds, which would release requests in bursts that queue
     /// behind each other and show as latency the server did not add.
+    /// Memory stays constant however far the server falls behind.
     fn start(rate: f64, shared: Arc<Shared>) -> Arc<Self> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            let mut released = 0u64;
-            while shared.phase() != STOP {
-                std::thread::sleep(Duration::from_micros(100));
-                let now = Instant::now();
-                let due = (now.duration_since(start).as_secs_f64() * rate) as u64;
-                for _ in released..due {
-                    if tx.send(now).is_err() {
-                        return;
-                    }
-                }
-                released = released.max(due);
-            }
+        let pacer = Arc::new(Self {
+            start: Instant::now(),
+            rate,
+            released: AtomicU64::new(0),
+            claimed: AtomicU64::new(0),
+            step: tokio::sync::Notify::new(),
+            shared,
         });
-        Arc::new(Self {
-            released: tokio::sync::Mutex::new(rx),
-        })
+        let stepper = pacer.clone();
+        std::thread::spawn(move || {
+            while stepper.shared.phase() != STOP {
+                std::thread::sleep(Duration::from_micros(100));
+                let due = stepper.start.elapsed().as_secs_f64() * stepper.rate;
+                stepper.released.store(due as u64, Ordering::Release);
+                stepper.step.notify_waiters();
+            }
+            stepper.step.notify_waiters();
+        });
+        pacer
     }
 
-    /// The release time of the next request; `None` once the run stopped.
+    /// When the next request was due; `None` once the run stopped.
     async fn next(&self) -> Option<Instant> {
-        self.released.lock().await.recv().await
+        loop {
+            // Registered before the check, so a step in between is not missed.
+            let step = self.step.notified();
+            tokio::pin!(step);
+            step.as_mut().enable();
+            if self.shared.phase() == STOP {
+                return None;
+            }
+            let claimed = self.claimed.load(Ordering::Acquire);
+            if claimed < self.released.load(Ordering::Acquire) {
+                if self
+                    .claimed
+                    .compare_exchange(claimed, claimed + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    let due = Duration::from_secs_f64(claimed as f64 / self.rate);
+                    return Some(self.start + due);
+                }
+                continue;
+            }
+            step.await;
+        }
     }
 }
 

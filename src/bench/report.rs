@@ -38,9 +38,8 @@ pub struct Report {
     pub over_limit: u64,
     /// Failed calls by gRPC status (or `TIMEOUT`).
     pub errors: BTreeMap<String, u64>,
-    /// Latency of the decisions, milliseconds (when paced, from the
-    /// scheduled send time for a worker behind schedule, so a slow server
-    /// cannot hide its queue).
+    /// Latency of the decisions, milliseconds (when paced, from when each
+    /// request was due, so a slow server cannot hide its queue).
     pub latency_ms: Latency,
     /// What the run cost Redis, with `--redis-url`.
     pub redis: Option<RedisCost>,
