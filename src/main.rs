@@ -282,5 +282,11 @@ fn bench(args: &sluice::bench::BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", report.render());
     }
-    Ok(ExitCode::SUCCESS)
+    // A run that got no decision at all measured nothing: say so to scripts.
+    Ok(if report.decisions == 0 {
+        eprintln!("sluice bench: no request got a decision");
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

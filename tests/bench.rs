@@ -89,13 +89,41 @@ async fn the_redis_reading_shows_one_script_call_per_decision() {
     server.stop().await;
 }
 
+/// A run, failing the test instead of hanging the suite if it never ends.
+async fn bounded(args: &BenchArgs) -> sluice::bench::Report {
+    tokio::time::timeout(Duration::from_secs(60), run(args, false))
+        .await
+        .expect("a bench run must end")
+        .expect("bench run")
+}
+
+#[tokio::test]
+async fn a_timed_run_with_a_warm_up_counts_only_the_measured_part() {
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    // One key with a limit of 100: the warm-up fills it, so every measured
+    // answer is OVER_LIMIT; had the warm-up been counted, 100 would be OK.
+    let mut args = BenchArgs::new(server.uri(), 0);
+    args.requests = None;
+    args.duration = Some(300);
+    args.warmup = 300;
+    args.keys = 1;
+    args.concurrency = 4;
+    args.rate = Some(5_000.0);
+    let report = bounded(&args).await;
+    assert_eq!(report.ok, 0, "{report:?}");
+    assert!(report.over_limit > 0, "{report:?}");
+    assert_eq!(report.decisions, report.over_limit);
+    assert!(report.errors.is_empty(), "{report:?}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_paced_run_answers_every_request_and_ends() {
     let server = Server::start(RULES, HeaderMode::Off).await;
     let mut args = BenchArgs::new(server.uri(), 300);
     args.rate = Some(20_000.0);
     args.keys = 1;
-    let report = run(&args, false).await.expect("bench run");
+    let report = bounded(&args).await;
     assert_eq!((report.ok, report.over_limit), (100, 200), "{report:?}");
     assert!(report.errors.is_empty(), "{report:?}");
     server.stop().await;

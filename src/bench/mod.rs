@@ -473,7 +473,8 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
         Some(length) => {
             tokio::time::sleep(length).await;
             shared.phase.store(STOP, Ordering::Release);
-            let after = redis_snapshot(&redis_urls).await?;
+            // A failed reading must not throw the measured run away.
+            let after = redis_snapshot(&redis_urls).await;
             for w in workers {
                 tally.merge(w.await.expect("a bench worker panicked"));
             }
@@ -485,7 +486,8 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
             }
             let elapsed = measured_at.elapsed();
             shared.phase.store(STOP, Ordering::Release);
-            (elapsed, redis_snapshot(&redis_urls).await?)
+            let after = redis_snapshot(&redis_urls).await;
+            (elapsed, after)
         }
     };
     if let Some(t) = ticker {
@@ -496,9 +498,11 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
     }
 
     let decisions = tally.ok + tally.over_limit;
-    let redis = match (before, after) {
-        (Some(b), Some(a)) => Some(b.cost(&a, decisions)),
-        _ => None,
+    // A failed reading at the end must not throw the measured run away.
+    let (redis, redis_error) = match (before, after) {
+        (Some(b), Ok(Some(a))) => (Some(b.cost(&a, decisions)), None),
+        (_, Err(e)) => (None, Some(e.to_string())),
+        _ => (None, None),
     };
     Ok(Report {
         addr: args.addr.clone(),
@@ -517,6 +521,7 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
         errors: tally.errors.into_iter().collect::<BTreeMap<_, _>>(),
         latency_ms: Latency::from_micros(&tally.latency_us),
         redis,
+        redis_error,
     })
 }
 

@@ -43,6 +43,9 @@ pub struct Report {
     pub latency_ms: Latency,
     /// What the run cost Redis, with `--redis-url`.
     pub redis: Option<RedisCost>,
+    /// Why there are no Redis figures although `--redis-url` was given (the
+    /// reading after the run failed).
+    pub redis_error: Option<String>,
 }
 
 /// Latency percentiles, milliseconds.
@@ -280,6 +283,9 @@ impl Report {
             "  latency ms    p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}  mean {:.3}",
             l.p50, l.p90, l.p99, l.p999, l.max, l.mean
         );
+        if let Some(error) = &self.redis_error {
+            let _ = writeln!(out, "\n  Redis: no figures ({error})");
+        }
         if let Some(redis) = &self.redis {
             let _ = writeln!(
                 out,

@@ -276,13 +276,25 @@ pub async fn server_info(url: &RedisUrl) -> Result<Vec<String>, StoreError> {
     };
     let mut texts = Vec::with_capacity(servers.len());
     for server in servers {
-        let args = vec![Value::from("commandstats"), Value::from("cpu")];
-        let command = CustomCommand::new_static("INFO", ClusterHash::Random, false);
-        let text = match server {
-            Some(server) => client.with_cluster_node(server).custom(command, args).await,
-            None => client.custom(command, args).await,
-        };
-        texts.push(text.map_err(unavailable)?);
+        // One section per INFO: Redis before 7.0 takes only one.
+        let mut text = String::new();
+        for section in ["commandstats", "cpu"] {
+            let command = CustomCommand::new_static("INFO", ClusterHash::Random, false);
+            let args = vec![Value::from(section)];
+            let part: String = match &server {
+                Some(server) => {
+                    client
+                        .with_cluster_node(server.clone())
+                        .custom(command, args)
+                        .await
+                }
+                None => client.custom(command, args).await,
+            }
+            .map_err(unavailable)?;
+            text.push_str(&part);
+            text.push_str("\r\n");
+        }
+        texts.push(text);
     }
     let _ = client.quit().await;
     Ok(texts)
