@@ -107,25 +107,50 @@ pub struct LimitCounters {
     near_limit_ratio: f64,
 }
 
+/// The per-limit series.
+#[derive(Clone, Copy)]
+enum Series {
+    Hits,
+    Admitted,
+    NearLimit,
+    OverLimit,
+    ShadowMode,
+}
+
+impl LimitEvent {
+    /// The series this event adds its hits to.
+    fn series(self, near_limit_ratio: f64, mut add: impl FnMut(Series)) {
+        add(Series::Hits);
+        if self.admitted {
+            add(Series::Admitted);
+            let near = (near_limit_ratio * self.capacity as f64).floor() as u64;
+            if !self.over && self.hits > 0 && self.used >= near.max(1) {
+                add(Series::NearLimit);
+            }
+        }
+        if self.over {
+            add(if self.shadow {
+                Series::ShadowMode
+            } else {
+                Series::OverLimit
+            });
+        }
+    }
+}
+
 impl LimitCounters {
     /// Counts what the limit did in one decision.
     pub fn record(&self, event: LimitEvent) {
-        self.hits.inc_by(event.hits);
-        if event.admitted {
-            self.admitted.inc_by(event.hits);
-            let near = (self.near_limit_ratio * event.capacity as f64).floor() as u64;
-            if !event.over && event.hits > 0 && event.used >= near.max(1) {
-                self.near_limit.inc_by(event.hits);
-            }
-        }
-        if event.over {
-            let counter = if event.shadow {
-                &self.shadow_mode
-            } else {
-                &self.over_limit
+        event.series(self.near_limit_ratio, |series| {
+            let counter = match series {
+                Series::Hits => &self.hits,
+                Series::Admitted => &self.admitted,
+                Series::NearLimit => &self.near_limit,
+                Series::OverLimit => &self.over_limit,
+                Series::ShadowMode => &self.shadow_mode,
             };
             counter.inc_by(event.hits);
-        }
+        });
     }
 }
 
@@ -289,9 +314,20 @@ impl Metrics {
         value
     }
 
-    /// Counts what a limit did in a decision.
+    /// Counts what a limit did in a decision, creating only the series the
+    /// event touches (the path of runtime-labelled limits, whose label sets
+    /// are many).
     pub fn record_limit(&self, labels: &LimitLabels, event: LimitEvent) {
-        self.limit_counters(labels).record(event);
+        event.series(self.config.near_limit_ratio, |series| {
+            let family = match series {
+                Series::Hits => &self.hits,
+                Series::Admitted => &self.admitted,
+                Series::NearLimit => &self.near_limit,
+                Series::OverLimit => &self.over_limit,
+                Series::ShadowMode => &self.shadow_mode,
+            };
+            family.get_or_create(labels).inc_by(event.hits);
+        });
     }
 
     /// The counters of one label set, to keep and update without looking
@@ -438,10 +474,18 @@ mod tests {
             text.contains(r#"sluice_shadow_mode_total{domain="d",limit="s",descriptor=""} 1"#),
             "{text}"
         );
-        // A limit's series all exist once it is first used, at zero until
-        // their event happens.
+        assert!(!text.contains("sluice_over_limit_total{"), "{text}");
+
+        // The counters cached for a rule's limit make all its series at
+        // once, at zero until their event happens.
+        m.limit_counters(&labels("t", "")).record(event);
+        let text = m.encode();
         assert!(
-            text.contains(r#"sluice_over_limit_total{domain="d",limit="s",descriptor=""} 0"#),
+            text.contains(r#"sluice_shadow_mode_total{domain="d",limit="t",descriptor=""} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"sluice_over_limit_total{domain="d",limit="t",descriptor=""} 0"#),
             "{text}"
         );
     }
