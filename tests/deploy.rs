@@ -1334,7 +1334,7 @@ async fn run_as_the_pod(overlay: &str, redis_url: Option<String>) {
         .unwrap();
     assert!(status.success());
     assert_eq!(
-        wait_for_status(running.http, READINESS_PATH, 503, Duration::from_secs(2)),
+        wait_for_status(running.http, READINESS_PATH, 503, Duration::from_secs(4)),
         503,
         "{overlay}: readiness after SIGTERM"
     );
