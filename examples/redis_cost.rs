@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
-use sluice::bench::RedisSnapshot;
+use sluice::bench::{RedisSnapshot, redis_snapshot};
 use sluice::limiter::{Algorithm, IdentityBuilder, LimitSpec, Role, SystemClock, Window};
 use sluice::store::{
-    Batch, BatchItem, CounterStore, RedisStore, RedisStoreConfig, RedisUrl, TimeSource, server_info,
+    Batch, BatchItem, CounterStore, RedisStore, RedisStoreConfig, RedisUrl, TimeSource,
 };
 
 const DECISIONS: usize = 50_000;
@@ -241,11 +241,10 @@ fn start_redis() -> (Private, String) {
 }
 
 async fn snapshot(url: &RedisUrl) -> RedisSnapshot {
-    let mut s = RedisSnapshot::default();
-    for text in server_info(url).await.expect("INFO") {
-        s.add_info(&text);
-    }
-    s
+    redis_snapshot(std::slice::from_ref(url))
+        .await
+        .expect("INFO")
+        .expect("one URL, one reading")
 }
 
 #[tokio::main]

@@ -93,19 +93,26 @@ impl QueryArgs {
     }
 }
 
+/// The endpoint of an RLS server given as `host:port` or `http://host:port`,
+/// with the URI it was made from (for errors). Shared with `sluice bench`.
+pub fn endpoint(addr: &str) -> Result<(String, Endpoint), QueryError> {
+    let uri = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    let endpoint = Endpoint::from_shared(uri.clone())
+        .map_err(|e| QueryError::Address(addr.to_owned(), e.to_string()))?;
+    Ok((uri, endpoint))
+}
+
 /// Sends the request and returns the server's answer.
 pub async fn query(args: &QueryArgs) -> Result<pb::RateLimitResponse, QueryError> {
-    let uri = if args.addr.contains("://") {
-        args.addr.clone()
-    } else {
-        format!("http://{}", args.addr)
-    };
     let timeout = Duration::from_millis(args.timeout);
-    let endpoint = Endpoint::from_shared(uri.clone())
-        .map_err(|e| QueryError::Address(args.addr.clone(), e.to_string()))?
-        .connect_timeout(timeout)
-        .timeout(timeout);
+    let (uri, endpoint) = endpoint(&args.addr)?;
     let channel = endpoint
+        .connect_timeout(timeout)
+        .timeout(timeout)
         .connect()
         .await
         .map_err(|e| QueryError::Connect(uri, e))?;

@@ -19,13 +19,14 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub use report::{CommandCost, Latency, RedisCost, RedisSnapshot, Report};
 pub use workload::{DescriptorTemplate, Distribution, Keys, Workload};
 
 use crate::proto as pb;
 use crate::proto::rate_limit_response::Code;
+use crate::query::{QueryError, endpoint};
 use crate::rules::parse_duration;
 use crate::store::{RedisUrl, StoreError, server_info};
 
@@ -137,9 +138,9 @@ pub enum BenchError {
     /// An argument is wrong.
     #[error("{0}")]
     Invalid(String),
-    /// The server could not be reached.
-    #[error("cannot connect to {0}")]
-    Connect(String, #[source] tonic::transport::Error),
+    /// The address is invalid or the server could not be reached.
+    #[error(transparent)]
+    Connect(#[from] QueryError),
     /// Redis could not be read.
     #[error("cannot read INFO from Redis: {0}")]
     Redis(String),
@@ -216,21 +217,18 @@ impl Tally {
 }
 
 async fn connect(addr: &str, timeout: Duration) -> Result<Channel, BenchError> {
-    let uri = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
-    };
-    Endpoint::from_shared(uri.clone())
-        .map_err(|e| BenchError::Invalid(format!("invalid address '{addr}': {e}")))?
+    let (uri, endpoint) = endpoint(addr)?;
+    Ok(endpoint
         .connect_timeout(timeout.max(Duration::from_secs(1)))
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|e| BenchError::Connect(uri, e))
+        .map_err(|e| QueryError::Connect(uri, e))?)
 }
 
-async fn redis_snapshot(urls: &[RedisUrl]) -> Result<Option<RedisSnapshot>, BenchError> {
+/// One reading of every Redis in `urls` (`None` when there are none); also
+/// what the Redis cost harness reads.
+pub async fn redis_snapshot(urls: &[RedisUrl]) -> Result<Option<RedisSnapshot>, BenchError> {
     if urls.is_empty() {
         return Ok(None);
     }
