@@ -397,15 +397,7 @@ async fn a_hung_redis_times_out_as_unavailable_and_recovers() {
         (r.overall_code, r.statuses[0].limit_remaining),
         (Code::OverLimit as i32, 0)
     );
-    let fresh = c
-        .should_rate_limit(request_redis(&[&[("client", "h2")]]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        (fresh.overall_code, fresh.statuses[0].limit_remaining),
-        (Code::Ok as i32, 4)
-    );
+    assert_eq!(answer(&mut c, "h2").await, (Code::Ok as i32, 4));
     server.stop().await;
 }
 
@@ -424,15 +416,7 @@ async fn a_password_set_apart_from_the_url_authenticates() {
         password,
     ]);
     let mut c = connect(&addr).await;
-    let r = c
-        .should_rate_limit(request_redis(&[&[("client", "apart")]]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        (r.overall_code, r.statuses[0].limit_remaining),
-        (Code::Ok as i32, 4)
-    );
+    assert_eq!(answer(&mut c, "apart").await, (Code::Ok as i32, 4));
 }
 
 #[tokio::test]
@@ -455,15 +439,7 @@ async fn acl_users_authenticate_and_wrong_passwords_fail_unavailable() {
     )
     .await;
     let mut c = connect(&good.uri()).await;
-    let r = c
-        .should_rate_limit(request_redis(&[&[("client", "acl")]]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        (r.overall_code, r.statuses[0].limit_remaining),
-        (Code::Ok as i32, 4)
-    );
+    assert_eq!(answer(&mut c, "acl").await, (Code::Ok as i32, 4));
     good.stop().await;
 
     let clock = Arc::new(ManualClock::new(T0));
@@ -485,6 +461,16 @@ async fn acl_users_authenticate_and_wrong_passwords_fail_unavailable() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
     bad.stop().await;
+}
+
+/// `(overall_code, limit_remaining)` of one request for `client=<name>`.
+async fn answer(c: &mut RateLimitServiceClient<Channel>, name: &str) -> (i32, u32) {
+    let r = c
+        .should_rate_limit(request_redis(&[&[("client", name)]]))
+        .await
+        .unwrap()
+        .into_inner();
+    (r.overall_code, r.statuses[0].limit_remaining)
 }
 
 /// `cmdstat_<name>` calls from `INFO commandstats`.
