@@ -24,6 +24,12 @@ domain: redis
 descriptors:
   - key: client
     rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: fixed
+    rate_limit: {unit: day, requests_per_unit: 5, algorithm: fixed_window}
+  - key: bucket
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket}
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_log}
   - key: a_b
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: a
@@ -117,18 +123,21 @@ async fn concurrent_admitted(
     admitted
 }
 
-/// Fires 200 concurrent calls for one client, alternating between `addrs`,
-/// and counts the admitted ones.
-async fn admitted_of_200(addrs: &[String], client: &str) -> usize {
+/// Fires 200 concurrent calls for one value of descriptor `key`, alternating
+/// between `addrs`, and counts the admitted ones.
+async fn admitted_of_200(addrs: &[String], key: &str, value: &str) -> usize {
     let mut clients = Vec::new();
     for addr in addrs {
         clients.push(connect(addr).await);
     }
-    concurrent_admitted(&clients, 200, &request_redis(&[&[("client", client)]])).await
+    concurrent_admitted(&clients, 200, &request_redis(&[&[(key, value)]])).await
 }
 
-/// Two `sluice` binaries on `url` with one key prefix; three rounds of 200
-/// concurrent calls against a limit of 5 must each admit exactly 5.
+/// Two `sluice` binaries on `url` with one key prefix; for every algorithm
+/// (limit 5: `client` sliding window, `fixed`, `bucket` token bucket with a
+/// burst of 5, `log` sliding log), rounds of 200 concurrent calls must each
+/// admit exactly 5. The fixed window is a day and the bucket refills one
+/// token in 12 minutes, so no window edge or refill falls inside a round.
 async fn two_replicas_admit_exactly_the_limit(url: &str) {
     let prefix = support::unique_prefix();
     let args = [
@@ -143,10 +152,12 @@ async fn two_replicas_admit_exactly_the_limit(url: &str) {
     ];
     let (_a, addr_a) = start_binary(&args);
     let (_b, addr_b) = start_binary(&args);
-    for round in 0..3 {
-        let admitted =
-            admitted_of_200(&[addr_a.clone(), addr_b.clone()], &format!("hot-{round}")).await;
-        assert_eq!(admitted, 5, "round {round}");
+    let addrs = [addr_a, addr_b];
+    for key in ["client", "fixed", "bucket", "log"] {
+        for round in 0..2 {
+            let admitted = admitted_of_200(&addrs, key, &format!("hot-{round}")).await;
+            assert_eq!(admitted, 5, "{key}, round {round}");
+        }
     }
 }
 
