@@ -129,13 +129,17 @@ impl State {
 
     /// For how many milliseconds from `now` no hit at all can fit (0 when
     /// one can now). Exact or shorter, never longer: a local cache may reject
-    /// for this long without asking the store. Call after [`State::used`].
+    /// for this long without asking the store. Also never longer than the
+    /// instant [`State::reset_ms`] reports stays the same, so that cache can
+    /// report the store's reset. Call after [`State::used`].
     pub fn full_for(&self, spec: &LimitSpec, now: Millis) -> u64 {
         match self {
             State::Sliding(s) => s.full_for(spec, now),
             State::Fixed(s) if s.hits_now(spec, now) >= spec.requests => s.reset_ms(spec, now),
             State::Bucket(s) if !s.fits(spec, now, 1) => s.reset_ms(spec, now),
-            State::Log(s) if s.total() >= spec.requests => s.reset_ms(spec, now),
+            // Exactly full: beyond the limit the next read trims the oldest
+            // hits, which moves the reset; empty, the reset moves with `now`.
+            State::Log(s) if s.total() == spec.requests && s.total() > 0 => s.reset_ms(spec, now),
             _ => 0,
         }
     }

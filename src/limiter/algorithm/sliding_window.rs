@@ -93,11 +93,18 @@ impl SlidingWindow {
     /// after `used`. The straddling bucket's share falls as the window
     /// slides; `ceil(c·x/p) ≤ k` exactly when `x ≤ ⌊k·p/c⌋`, solved in
     /// integers. Beyond the straddling bucket this stops early: conservative.
+    /// Never past the oldest bucket's expiry, so the reset reported stays the
+    /// same instant meanwhile; at a limit of 0 (nothing ever fits) that is
+    /// all that bounds it, and an empty counter's reset moves with each new
+    /// bucket.
     pub fn full_for(&self, spec: &LimitSpec, now: Millis) -> u64 {
         let (d, p) = shape(&spec.window);
         let limit = spec.requests;
         if limit == 0 {
-            return unsigned(d);
+            return match self.buckets.front() {
+                Some(&(index, _)) => unsigned((index + 1) * p + d - signed(now)),
+                None => unsigned((signed(now).div_euclid(p) + 1) * p - signed(now)),
+            };
         }
         let start = signed(now) - d;
         let oldest = start.div_euclid(p);

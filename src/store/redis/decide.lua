@@ -101,10 +101,15 @@ local function sliding_count(t, o, oldest, c, inside, p)
   return t
 end
 
--- For how long no hit at all can fit; exact or shorter (see Rust's full_for).
+-- For how long no hit at all can fit; exact or shorter, and never past the
+-- oldest bucket's expiry (the reset) nor, for an empty counter, the next
+-- bucket (see Rust's full_for).
 local function sliding_full_for(requests, t, o, oldest, c, inside, p, d)
   if requests == 0 then
-    return d
+    if t == 0 then
+      return (floor(now / p) + 1) * p - now
+    end
+    return (o + 1) * p + d - now
   elseif t == 0 then
     return 0
   elseif o == oldest and c and inside < p then
@@ -684,7 +689,7 @@ local function full_for(l)
       return 0
     end
     return reset(l)
-  elseif st.total >= l.requests then
+  elseif st.total > 0 and st.total == l.requests then
     return reset(l)
   end
   return 0
