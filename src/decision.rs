@@ -13,7 +13,8 @@ use arc_swap::ArcSwap;
 use parking_lot::RwLock;
 
 use crate::limiter::{
-    Algorithm, Clock, IdentityBuilder, LimitSpec, Millis, Role, SystemClock, Window, admits,
+    Algorithm, Clock, IdentityBuilder, LimitSpec, MAX_HITS, Millis, Role, SystemClock, Window,
+    admits,
 };
 use crate::overlimit::OverLimitCache;
 use crate::request::{Descriptor, Request};
@@ -30,7 +31,9 @@ pub struct Bounds {
     pub max_entries: usize,
     /// Longest domain, entry key or entry value, in bytes.
     pub max_entry_bytes: usize,
-    /// Largest weight (`hits_addend`) of a request or descriptor.
+    /// Largest weight (`hits_addend`) of a request or descriptor. Weights
+    /// above [`MAX_HITS`] are refused whatever this says, and so is a request
+    /// whose descriptors' weights add up to more than it.
     pub max_hits_addend: u64,
 }
 
@@ -662,12 +665,17 @@ impl Bounds {
                 self.max_descriptors
             ));
         }
-        if u64::from(request.hits_addend) > self.max_hits_addend {
+        let max_hits = self.max_hits_addend.min(MAX_HITS);
+        if u64::from(request.hits_addend) > max_hits {
             return invalid(format!(
-                "hits_addend {} is larger than the maximum {}",
-                request.hits_addend, self.max_hits_addend
+                "hits_addend {} is larger than the maximum {max_hits}",
+                request.hits_addend
             ));
         }
+        // The weights of all descriptors together: what one counter named by
+        // each of them would take. Checked, never wrapped, and bounded so the
+        // stores' arithmetic (doubles in Redis) stays exact.
+        let mut total: u64 = 0;
         for (i, descriptor) in request.descriptors.iter().enumerate() {
             if descriptor.entries.len() > self.max_entries {
                 return invalid(format!(
@@ -685,12 +693,19 @@ impl Bounds {
                     ));
                 }
             }
-            if let Some(hits) = descriptor.hits_addend.filter(|&h| h > self.max_hits_addend) {
+            if let Some(hits) = descriptor.hits_addend.filter(|&h| h > max_hits) {
                 return invalid(format!(
-                    "descriptor {i}: hits_addend {hits} is larger than the maximum {}",
-                    self.max_hits_addend
+                    "descriptor {i}: hits_addend {hits} is larger than the maximum {max_hits}"
                 ));
             }
+            total = match total.checked_add(weight(request, descriptor)) {
+                Some(total) if total <= MAX_HITS => total,
+                _ => {
+                    return invalid(format!(
+                        "the descriptors' hits_addend add up to more than {MAX_HITS} (2^53 - 1)"
+                    ));
+                }
+            };
         }
         Ok(())
     }

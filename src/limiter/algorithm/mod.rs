@@ -100,14 +100,16 @@ impl State {
     }
 
     /// Whether `hits` more fit at `now` (after [`State::used`] returned `used`).
+    /// A sum past `u64` fits nothing: checked, never wrapped.
     pub fn fits(&self, spec: &LimitSpec, now: Millis, used: u64, hits: u64) -> bool {
         match self {
             State::Bucket(s) => s.fits(spec, now, hits),
-            _ => used + hits <= spec.requests,
+            _ => used.checked_add(hits).is_some_and(|n| n <= spec.requests),
         }
     }
 
-    /// Counts `hits` at `now`.
+    /// Counts `hits` at `now`; a counter never holds more than
+    /// [`MAX_HITS`](crate::limiter::MAX_HITS) (the rest is not counted).
     pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
         match self {
             State::Sliding(s) => s.add(spec, now, hits),

@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 
 use super::{Algorithm, signed, unsigned};
-use crate::limiter::{LimitSpec, Millis, Window};
+use crate::limiter::{LimitSpec, MAX_HITS, Millis, Window};
 
 /// Buckets of one sliding-window counter.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -65,8 +65,10 @@ impl SlidingWindow {
     }
 
     /// Counts `hits` in the bucket of `now`. A clock that stepped back adds to
-    /// the newest bucket instead, so buckets stay ordered.
+    /// the newest bucket instead, so buckets stay ordered. The total never
+    /// passes [`MAX_HITS`]: what would is not counted.
     pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
+        let hits = hits.min(MAX_HITS.saturating_sub(self.total));
         if hits == 0 {
             return;
         }
