@@ -1,9 +1,9 @@
 //! The local over-limit cache answers exactly what the store would: random
-//! rules, traffic and time steps over the memory store and over Redis, each
-//! cached answer compared field for field (statuses, wire response with
-//! headers, per-limit metrics) with the answer of a limiter without cache
-//! over the same counters at the same instant; and one regression test per
-//! way the cache used to differ.
+//! rules, traffic and time steps over the memory store, Redis and Redis
+//! Cluster, each cached answer compared field for field (statuses, wire
+//! response with headers, per-limit metrics) with the answer of a limiter
+//! without cache over the same counters at the same instant; and one
+//! regression test per way the cache used to differ (issue 11, item 6).
 
 mod support;
 
@@ -24,7 +24,7 @@ use sluice::store::{
     Batch, BatchOutcome, CounterStore, MemoryStore, MemoryStoreConfig, StoreError, TimeSource,
 };
 use support::T0;
-use support::redis::shared;
+use support::redis::{shared, shared_cluster};
 
 /// One store behind two limiters, so both see the same counters.
 struct Shared<S>(Arc<S>);
@@ -366,6 +366,21 @@ fn cached_answers_equal_redis_answers() {
     property(64, |clock| async move {
         support::redis_store(
             &shared().url(),
+            clock,
+            TimeSource::Local,
+            Duration::from_secs(5),
+        )
+        .await
+    });
+}
+
+#[test]
+fn cached_answers_equal_redis_cluster_answers() {
+    // Multi-slot requests: rejected parts are refunded, and the cache must
+    // still match what the cluster reports afterwards.
+    property(32, |clock| async move {
+        support::redis_store(
+            &shared_cluster().url(),
             clock,
             TimeSource::Local,
             Duration::from_secs(5),
