@@ -13,7 +13,8 @@ use arc_swap::ArcSwap;
 use parking_lot::RwLock;
 
 use crate::limiter::{
-    Algorithm, Clock, IdentityBuilder, LimitSpec, Millis, Role, SystemClock, Window,
+    Algorithm, Clock, IdentityBuilder, LimitSpec, MAX_HITS, Millis, Role, SystemClock, Window,
+    admits,
 };
 use crate::overlimit::OverLimitCache;
 use crate::request::{Descriptor, Request};
@@ -30,7 +31,9 @@ pub struct Bounds {
     pub max_entries: usize,
     /// Longest domain, entry key or entry value, in bytes.
     pub max_entry_bytes: usize,
-    /// Largest weight (`hits_addend`) of a request or descriptor.
+    /// Largest weight (`hits_addend`) of a request or descriptor. Weights
+    /// above [`MAX_HITS`] are refused whatever this says, and so is a request
+    /// whose descriptors' weights add up to more than it.
     pub max_hits_addend: u64,
 }
 
@@ -392,24 +395,28 @@ impl<S: CounterStore> Limiter<S> {
         }
 
         let now = self.clock.now();
-        if let Some(decision) = self.answer_from_cache(&loaded, &batch, &plans, request, now) {
-            return Ok(decision);
-        }
-        let outcome = if batch.items.is_empty() {
-            None
-        } else {
-            let started = Instant::now();
-            let result = self.store.apply(&batch).await;
-            let kind = result.as_ref().err().map(StoreError::kind);
-            self.metrics.record_store(started.elapsed(), kind);
-            match result {
-                Ok(outcome) => Some(outcome),
-                Err(error) => return self.on_store_error(error, &plans),
+        let (admitted, results) = match self.answer_from_cache(&batch, now) {
+            Some(results) => {
+                self.metrics.record_local_cache_hit();
+                (false, results)
+            }
+            None if batch.items.is_empty() => (true, Vec::new()),
+            None => {
+                let started = Instant::now();
+                let result = self.store.apply(&batch).await;
+                let kind = result.as_ref().err().map(StoreError::kind);
+                self.metrics.record_store(started.elapsed(), kind);
+                match result {
+                    Ok(outcome) => {
+                        self.learn(&batch, &outcome.limits, now);
+                        (outcome.admitted, outcome.limits)
+                    }
+                    Err(error) => return self.on_store_error(error, &plans),
+                }
             }
         };
-        let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
-        let results = outcome.map(|o| o.limits).unwrap_or_default();
-        self.remember_full(&batch, &results, now);
+        // A cached answer goes through here exactly as a store answer does
+        // (see `overlimit`): the same statuses, the same metrics.
         let mut offset = 0;
         let statuses = plans
             .iter()
@@ -500,88 +507,35 @@ impl<S> Limiter<S> {
         }
     }
 
-    /// Rejects locally when an enforced limit of the request is known to be
-    /// full; the store is not called. Only the rejecting descriptor's limit
-    /// is reported (the others are not known without the store).
-    fn answer_from_cache(
-        &self,
-        loaded: &Loaded,
-        batch: &Batch,
-        plans: &[Plan<'_>],
-        request: &Request,
-        now: Millis,
-    ) -> Option<Decision> {
+    /// The store's per-limit outcomes for `batch`, known without calling
+    /// it: only when every limit of the batch is a counter known full, every
+    /// item has a weight, and the roles make that a rejection (see
+    /// `overlimit` for why the answer is then the store's).
+    fn answer_from_cache(&self, batch: &Batch, now: Millis) -> Option<Vec<LimitOutcome>> {
         let cache = self.cache.as_ref()?;
-        let mut items = batch.items.iter();
-        let mut hit = None;
-        for (index, plan) in plans.iter().enumerate() {
-            let Plan::Limited { limits, .. } = plan else {
-                continue;
-            };
-            let item = items.next().expect("one batch item per limited plan");
-            if item.role != Role::Enforce || item.hits == 0 {
-                continue;
-            }
-            for limit in limits {
-                if let Some(until) = cache.full_until(&item.identity, &limit.spec, now) {
-                    hit = Some((index, limit, until, item.hits));
-                    break;
-                }
-            }
-            if hit.is_some() {
-                break;
-            }
+        if batch.items.is_empty()
+            || batch.items.iter().any(|item| item.hits == 0)
+            || admits(batch.items.iter().map(|item| (item.role, true)))
+        {
+            return None;
         }
-        let (index, limit, until, hits) = hit?;
-        self.metrics.record_local_cache_hit();
-        if let Plan::Limited { rule, .. } = &plans[index] {
-            let capacity = limit.spec.capacity();
-            let event = LimitEvent {
-                hits,
-                admitted: false,
-                over: true,
-                shadow: false,
-                used: capacity,
-                capacity,
-            };
-            self.count(loaded, &request.domain, limit, *rule, "", event);
-        }
-        let statuses = plans
+        batch
+            .items
             .iter()
-            .enumerate()
-            .map(|(i, plan)| match plan {
-                _ if i == index => Status {
-                    over_limit: true,
-                    limit: Some(Reported {
-                        requests: limit.spec.requests,
-                        unit: limit.unit,
-                        window_ms: limit.spec.window.duration_ms,
-                        name: limit.name.cloned(),
-                    }),
-                    remaining: 0,
-                    reset_ms: Some(until - now),
-                },
-                Plan::Unlimited => Status::UNLIMITED,
-                _ => Status::NO_LIMIT,
-            })
-            .collect();
-        Some(Decision {
-            admitted: false,
-            statuses,
-        })
+            .flat_map(|item| item.limits.iter().map(move |limit| (item, limit)))
+            .map(|(item, limit)| cache.outcome(&item.identity, limit, now))
+            .collect()
     }
 
-    /// Remembers every enforced counter the store reported full.
-    fn remember_full(&self, batch: &Batch, results: &[LimitOutcome], now: Millis) {
+    /// Tells the cache what the store reported for every counter of `batch`.
+    fn learn(&self, batch: &Batch, results: &[LimitOutcome], now: Millis) {
         let Some(cache) = &self.cache else { return };
         let limits = batch
             .items
             .iter()
             .flat_map(|item| item.limits.iter().map(move |l| (item, l)));
         for ((item, limit), result) in limits.zip(results) {
-            if item.role == Role::Enforce && result.full_for_ms > 0 {
-                cache.remember(&item.identity, limit, now + result.full_for_ms, now);
-            }
+            cache.learn(&item.identity, limit, result, now);
         }
     }
 
@@ -711,12 +665,17 @@ impl Bounds {
                 self.max_descriptors
             ));
         }
-        if u64::from(request.hits_addend) > self.max_hits_addend {
+        let max_hits = self.max_hits_addend.min(MAX_HITS);
+        if u64::from(request.hits_addend) > max_hits {
             return invalid(format!(
-                "hits_addend {} is larger than the maximum {}",
-                request.hits_addend, self.max_hits_addend
+                "hits_addend {} is larger than the maximum {max_hits}",
+                request.hits_addend
             ));
         }
+        // The weights of all descriptors together: what one counter named by
+        // each of them would take. Checked, never wrapped, and bounded so the
+        // stores' arithmetic (doubles in Redis) stays exact.
+        let mut total: u64 = 0;
         for (i, descriptor) in request.descriptors.iter().enumerate() {
             if descriptor.entries.len() > self.max_entries {
                 return invalid(format!(
@@ -734,12 +693,19 @@ impl Bounds {
                     ));
                 }
             }
-            if let Some(hits) = descriptor.hits_addend.filter(|&h| h > self.max_hits_addend) {
+            if let Some(hits) = descriptor.hits_addend.filter(|&h| h > max_hits) {
                 return invalid(format!(
-                    "descriptor {i}: hits_addend {hits} is larger than the maximum {}",
-                    self.max_hits_addend
+                    "descriptor {i}: hits_addend {hits} is larger than the maximum {max_hits}"
                 ));
             }
+            total = match total.checked_add(weight(request, descriptor)) {
+                Some(total) if total <= MAX_HITS => total,
+                _ => {
+                    return invalid(format!(
+                        "the descriptors' hits_addend add up to more than {MAX_HITS} (2^53 - 1)"
+                    ));
+                }
+            };
         }
         Ok(())
     }

@@ -10,6 +10,8 @@
 //!   [`store::Batch`] per request, and shapes the statuses;
 //! - [`store`] holds the counters; each request is checked and applied
 //!   atomically (all-or-nothing) in one store call;
+//! - [`overlimit`] lets [`decision`] answer a request whose counters are all
+//!   known full without calling the store, exactly as the store would;
 //! - [`limiter`] is the pure core: the algorithms as functions of explicit
 //!   time, the clock, and the injective counter keys;
 //! - [`reload`] watches the rules files (and SIGHUP) and reloads them,

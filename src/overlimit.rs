@@ -1,13 +1,40 @@
-//! The local over-limit cache: a counter the store reported full (no hit at
-//! all can fit) until time T is answered here until T, without calling the
-//! store — a hot abusive key then costs Redis nothing.
+//! The local over-limit cache: counters the store reported full (no hit at
+//! all can fit) until time T are answered here until T, without calling the
+//! store, so a hot abusive key costs Redis nothing.
 //!
-//! It can only reject, never admit, and only for as long as the store said
-//! the counter stays full (measured from before the store call, so never
-//! longer): it never rejects what the store would admit. Entries are keyed
-//! by the whole limit, so a reload that changes a limit is never answered
-//! from the old one. Bounded: a full shard first drops expired entries and
-//! then stops taking new ones.
+//! It answers only when its answer is the store's, field for field, and
+//! otherwise calls the store. Why the two are equal:
+//!
+//! - It answers only a request in which every limit of every limited
+//!   descriptor is a counter it knows to be full, every such descriptor has
+//!   a weight above 0, and the roles make the request a rejection (an
+//!   enforcing descriptor, or quota descriptors only over). The store would
+//!   then find every limit over (a full counter fits no hit), admit nothing
+//!   and count nothing; so the cache need not know any count.
+//! - The decision then builds the statuses and metrics from per-limit
+//!   outcomes by the same code as for a store answer. What that code reads
+//!   of an outcome is `over` (true for both), the headroom (0 for both: a
+//!   full counter holds at least its capacity) and `reset_ms`.
+//! - The reset is the store's own: the cache keeps the instant the store
+//!   reported (`now + reset_ms`), and the algorithms keep `full_for` no
+//!   longer than that instant stays the same (a sliding window's oldest
+//!   bucket, a fixed window's end, a token bucket's next token, a sliding
+//!   log's oldest entry; see `State::full_for`). So at any `now'` before T
+//!   the store would report `reset_at − now'`, which is what the cache says.
+//!
+//! Every store answer refreshes what the cache holds for the counters it
+//! reported (remembered when full, forgotten when not), so this replica's
+//! own traffic never leaves a stale entry. Another replica cannot make a
+//! full counter admit (nothing fits), but its shadow or quota traffic can
+//! change a counter's state; that is seen at the next store answer. Times
+//! are the limiter's clock read before the store call: exact when the store
+//! uses the same clock (memory, or Redis in local time mode); with Redis
+//! `TIME` the cache's times lead the store's by at most the call latency, so
+//! it stops answering early rather than late.
+//!
+//! Entries are keyed by the whole limit, so a reload that changes a limit is
+//! never answered from the old one. Bounded: a full shard first drops
+//! expired entries and then stops taking new ones.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -15,12 +42,26 @@ use std::hash::{BuildHasher, RandomState};
 use parking_lot::Mutex;
 
 use crate::limiter::{Identity, LimitSpec, Millis};
+use crate::store::LimitOutcome;
 
 const SHARDS: usize = 16;
 
-type Shard = HashMap<(Identity, LimitSpec), Millis>;
+/// What the store said of one full counter.
+#[derive(Clone, Copy, Debug)]
+struct Full {
+    /// When the store said it (limiter clock); not answered before it, in
+    /// case the clock steps back.
+    since: Millis,
+    /// No hit fits before this instant.
+    until: Millis,
+    /// The instant the store reported as the reset; it stays the same until
+    /// `until` (see the module header).
+    reset_at: Millis,
+}
 
-/// Counters known to be full, and until when.
+type Shard = HashMap<(Identity, LimitSpec), Full>;
+
+/// Counters known to be full, until when, and the reset the store reported.
 pub struct OverLimitCache {
     /// Sharded so concurrent requests rarely meet on a lock.
     shards: Box<[Mutex<Shard>]>,
@@ -42,36 +83,60 @@ impl OverLimitCache {
         &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
 
-    /// Until when the counter is known to be full, if it is at `now`.
-    pub fn full_until(
+    /// The outcome the store would report at `now` for a request of weight
+    /// at least 1 that it rejects, if the counter is known full at `now`.
+    pub fn outcome(
         &self,
         identity: &Identity,
         limit: &LimitSpec,
         now: Millis,
-    ) -> Option<Millis> {
+    ) -> Option<LimitOutcome> {
         let key = (identity.clone(), *limit);
         let mut shard = self.shard(&key).lock();
         match shard.get(&key) {
-            Some(&until) if until > now => Some(until),
-            Some(_) => {
+            Some(full) if full.since <= now && now < full.until => Some(LimitOutcome {
+                // At least the capacity is in use: no headroom. (Only the
+                // headroom is read from `used` for a rejected request.)
+                used: limit.capacity(),
+                over: true,
+                reset_ms: full.reset_at.saturating_sub(now),
+                full_for_ms: full.until - now,
+            }),
+            Some(full) if full.until <= now => {
                 shard.remove(&key);
                 None
             }
-            None => None,
+            _ => None,
         }
     }
 
-    /// Remembers that the counter is full until `until`.
-    pub fn remember(&self, identity: &Identity, limit: &LimitSpec, until: Millis, now: Millis) {
+    /// Takes in what the store reported at `now` for one counter: remembered
+    /// while it is full, forgotten once it is not.
+    pub fn learn(
+        &self,
+        identity: &Identity,
+        limit: &LimitSpec,
+        outcome: &LimitOutcome,
+        now: Millis,
+    ) {
         let key = (identity.clone(), *limit);
         let mut shard = self.shard(&key).lock();
+        if outcome.full_for_ms == 0 {
+            shard.remove(&key);
+            return;
+        }
         if shard.len() >= self.per_shard && !shard.contains_key(&key) {
-            shard.retain(|_, &mut t| t > now);
+            shard.retain(|_, full| full.until > now);
             if shard.len() >= self.per_shard {
                 return;
             }
         }
-        shard.insert(key, until);
+        let full = Full {
+            since: now,
+            until: now.saturating_add(outcome.full_for_ms),
+            reset_at: now.saturating_add(outcome.reset_ms),
+        };
+        shard.insert(key, full);
     }
 
     /// Entries held (expired ones included until touched).
@@ -104,31 +169,66 @@ mod tests {
         },
     };
 
+    fn full(full_for_ms: u64, reset_ms: u64) -> LimitOutcome {
+        LimitOutcome {
+            used: 1,
+            over: true,
+            reset_ms,
+            full_for_ms,
+        }
+    }
+
     #[test]
     fn answers_until_the_time_and_not_after() {
         let cache = OverLimitCache::new(10).unwrap();
-        cache.remember(&id("a"), &LIMIT, 1_500, 1_000);
-        assert_eq!(cache.full_until(&id("a"), &LIMIT, 1_499), Some(1_500));
-        assert_eq!(cache.full_until(&id("a"), &LIMIT, 1_500), None);
+        cache.learn(&id("a"), &LIMIT, &full(500, 500), 1_000);
+        let known = cache.outcome(&id("a"), &LIMIT, 1_499).unwrap();
+        assert_eq!((known.over, known.reset_ms, known.used), (true, 1, 1));
+        assert_eq!(cache.outcome(&id("a"), &LIMIT, 1_500), None);
         assert!(cache.is_empty(), "expired entries are dropped when read");
+    }
+
+    #[test]
+    fn reports_the_stores_reset_not_the_end_of_fullness() {
+        let cache = OverLimitCache::new(10).unwrap();
+        cache.learn(&id("a"), &LIMIT, &full(300, 900), 1_000);
+        assert_eq!(
+            cache.outcome(&id("a"), &LIMIT, 1_100).unwrap().reset_ms,
+            800
+        );
+    }
+
+    #[test]
+    fn a_counter_reported_not_full_is_forgotten() {
+        let cache = OverLimitCache::new(10).unwrap();
+        cache.learn(&id("a"), &LIMIT, &full(500, 500), 1_000);
+        cache.learn(&id("a"), &LIMIT, &full(0, 500), 1_001);
+        assert_eq!(cache.outcome(&id("a"), &LIMIT, 1_002), None);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_is_not_answered() {
+        let cache = OverLimitCache::new(10).unwrap();
+        cache.learn(&id("a"), &LIMIT, &full(500, 500), 1_000);
+        assert_eq!(cache.outcome(&id("a"), &LIMIT, 999), None);
     }
 
     #[test]
     fn a_changed_limit_is_not_answered_from_the_old_one() {
         let cache = OverLimitCache::new(10).unwrap();
-        cache.remember(&id("a"), &LIMIT, 2_000, 1_000);
+        cache.learn(&id("a"), &LIMIT, &full(1_000, 1_000), 1_000);
         let raised = LimitSpec {
             requests: 2,
             ..LIMIT
         };
-        assert_eq!(cache.full_until(&id("a"), &raised, 1_000), None);
+        assert_eq!(cache.outcome(&id("a"), &raised, 1_000), None);
     }
 
     #[test]
     fn it_never_grows_past_its_capacity() {
         let cache = OverLimitCache::new(32).unwrap();
         for i in 0..10_000 {
-            cache.remember(&id(&i.to_string()), &LIMIT, 5_000, 1_000);
+            cache.learn(&id(&i.to_string()), &LIMIT, &full(4_000, 4_000), 1_000);
         }
         assert!(cache.len() <= 32);
         assert!(OverLimitCache::new(0).is_none());

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decision::Bounds;
 use crate::headers::HeaderMode;
+use crate::limiter::MAX_HITS;
 use crate::store::{RedisUrl, TimeSource};
 
 /// Log output format.
@@ -47,7 +48,7 @@ pub struct Settings {
     pub max_entries: usize,
     /// Longest descriptor key or value, in bytes.
     pub max_entry_bytes: usize,
-    /// Largest request or descriptor weight.
+    /// Largest request or descriptor weight; at most [`MAX_HITS`].
     pub max_hits_addend: u64,
     /// Redis to keep counters in; `None` keeps them in memory.
     pub redis_url: Option<RedisUrl>,
@@ -167,7 +168,7 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_entry_bytes: Option<usize>,
-    /// Largest request or descriptor weight [default: 1000000000]
+    /// Largest request or descriptor weight, at most 9007199254740991 (2^53 - 1) [default: 1000000000]
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_hits_addend: Option<u64>,
@@ -296,6 +297,18 @@ pub enum SettingsError {
         /// Every valid key.
         known: String,
     },
+    /// A value is beyond what the service can honour.
+    #[error("invalid settings: {setting} is {value}, above its maximum {max} ({why})")]
+    OutOfRange {
+        /// The setting's name.
+        setting: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest value accepted.
+        max: u64,
+        /// Why there is a maximum.
+        why: &'static str,
+    },
 }
 
 /// Fails on a key of the settings file that is not a setting.
@@ -370,6 +383,14 @@ impl Settings {
             .is_some_and(|p| p.0.is_empty())
         {
             settings.redis_password = None;
+        }
+        if settings.max_hits_addend > MAX_HITS {
+            return Err(SettingsError::OutOfRange {
+                setting: "max_hits_addend",
+                value: settings.max_hits_addend,
+                max: MAX_HITS,
+                why: "2^53 - 1: weights beyond it are not exact in the Redis scripts' arithmetic",
+            });
         }
         Ok(settings)
     }
@@ -587,6 +608,37 @@ mod tests {
             s.redis().unwrap().url.expose(),
             "redis://app:hunter2@redis:6379"
         );
+    }
+
+    #[test]
+    fn a_max_hits_addend_beyond_exact_arithmetic_is_refused() {
+        for value in [u64::MAX, MAX_HITS + 1] {
+            let flags = SettingsFlags {
+                max_hits_addend: Some(value),
+                ..SettingsFlags::default()
+            };
+            let err = Settings::load_from(None, &flags, env(&[])).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "invalid settings: max_hits_addend is {value}, above its maximum 9007199254740991 \
+                     (2^53 - 1: weights beyond it are not exact in the Redis scripts' arithmetic)"
+                )
+            );
+        }
+        let err = Settings::load_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[("SLUICE_MAX_HITS_ADDEND", "18446744073709551615")]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("max_hits_addend"), "{err}");
+        let flags = SettingsFlags {
+            max_hits_addend: Some(MAX_HITS),
+            ..SettingsFlags::default()
+        };
+        let s = Settings::load_from(None, &flags, env(&[])).unwrap();
+        assert_eq!(s.bounds().max_hits_addend, MAX_HITS);
     }
 
     #[test]

@@ -693,3 +693,45 @@ async fn a_hot_over_limit_key_costs_redis_nothing_until_it_can_fit_again() {
     server.stop().await;
     probe.stop().await;
 }
+
+/// Issue 11, item 12, over Redis: weights [1, 2^64 − 1] on one limit-5
+/// counter are refused (INVALID_ARGUMENT) and count nothing, whatever
+/// `max_hits_addend` says.
+#[tokio::test]
+async fn weights_past_u64_are_invalid_and_count_nothing_in_redis() {
+    use sluice::decision::{Bounds, DecideError, Limiter};
+    use sluice::request::{Descriptor, Entry, Request};
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = support::redis_store(
+        &shared().url(),
+        clock,
+        TimeSource::Local,
+        Duration::from_secs(5),
+    )
+    .await;
+    let bounds = Bounds {
+        max_hits_addend: u64::MAX,
+        ..Bounds::default()
+    };
+    let limiter = Limiter::new(support::rules(RULES), store, bounds);
+    let weighted = |weights: &[u64]| Request {
+        domain: "redis".into(),
+        descriptors: weights
+            .iter()
+            .map(|&w| Descriptor {
+                entries: vec![Entry::new("client", "w")],
+                limit: None,
+                hits_addend: Some(w),
+            })
+            .collect(),
+        hits_addend: 0,
+    };
+    assert!(matches!(
+        limiter.decide(&weighted(&[1, u64::MAX])).await,
+        Err(DecideError::InvalidArgument(_))
+    ));
+    for _ in 0..5 {
+        assert!(limiter.decide(&weighted(&[1])).await.unwrap().admitted);
+    }
+    assert!(!limiter.decide(&weighted(&[1])).await.unwrap().admitted);
+}

@@ -800,3 +800,52 @@ async fn token_bucket_reports_tokens_as_remaining_and_the_next_token_as_reset() 
     h.clock.advance(100);
     assert_eq!(h.ok(call()).await.overall_code, OK);
 }
+
+/// Issue 11, item 12: weights whose sum would wrap u64, or pass 2^53 − 1
+/// (where the Redis scripts' doubles stop being exact), are refused whatever
+/// `max_hits_addend` says, and count nothing.
+#[tokio::test]
+async fn weights_beyond_exact_arithmetic_are_invalid_and_count_nothing() {
+    use sluice::limiter::MAX_HITS;
+    let yaml = "domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let bounds = Bounds {
+        max_hits_addend: u64::MAX,
+        ..Bounds::default()
+    };
+    let h = Harness::with(yaml, HeaderMode::Off, bounds);
+    let weighted = |weights: &[u64]| pb::RateLimitRequest {
+        domain: "w".into(),
+        descriptors: weights
+            .iter()
+            .map(|&w| pb::RateLimitDescriptor {
+                hits_addend: Some(w),
+                ..descriptor(&[("k", "v")])
+            })
+            .collect(),
+        hits_addend: 0,
+    };
+    for (weights, fragment) in [
+        (
+            &[1, u64::MAX][..],
+            "larger than the maximum 9007199254740991",
+        ),
+        (
+            &[MAX_HITS + 1][..],
+            "larger than the maximum 9007199254740991",
+        ),
+        (&[MAX_HITS, 1][..], "add up to more than 9007199254740991"),
+    ] {
+        let err = h.call(weighted(weights)).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{weights:?}");
+        assert!(err.message().contains(fragment), "{}", err.message());
+    }
+    let at_cap = h.ok(weighted(&[MAX_HITS])).await;
+    assert_eq!(
+        at_cap.overall_code, OVER,
+        "the cap itself is a valid weight"
+    );
+    for _ in 0..5 {
+        assert_eq!(h.ok(weighted(&[1])).await.overall_code, OK);
+    }
+    assert_eq!(h.ok(weighted(&[1])).await.overall_code, OVER);
+}

@@ -9,7 +9,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::limiter::{Algorithm, Clock, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
+use sluice::limiter::{
+    Algorithm, Clock, IdentityBuilder, LimitSpec, MAX_HITS, ManualClock, Role, Window,
+};
 use sluice::store::{
     Batch, BatchItem, BatchOutcome, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore,
     TimeSource,
@@ -521,6 +523,92 @@ mod cases {
             assert_eq!(used(s, n, one).await, 1, "{n} counted once");
         }
     }
+
+    /// Weights whose sum passes u64 (the 2^64 − 1 of issue 11) fit nothing:
+    /// never wrapped into a small number, nothing counted, and the counter
+    /// keeps counting right afterwards.
+    pub async fn weights_summing_past_u64_are_never_admitted<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        for (name, l) in [
+            ("s", sliding(5, 60_000, 6_000)),
+            ("f", fixed(5, 60_000)),
+            ("b", bucket(5, 60_000, 5)),
+            ("l", log(5, 60_000)),
+        ] {
+            let o = apply(
+                s,
+                vec![
+                    item(name, &[l], 1, Enforce),
+                    item(name, &[l], u64::MAX, Enforce),
+                ],
+            )
+            .await;
+            assert!(!o.admitted, "{name}");
+            assert!(o.limits[1].over, "{name}");
+            assert_eq!(used(s, name, l).await, 0, "{name}: nothing counted");
+            for _ in 0..5 {
+                assert!(apply(s, vec![item(name, &[l], 1, Enforce)]).await.admitted);
+            }
+            assert!(
+                !apply(s, vec![item(name, &[l], 1, Enforce)]).await.admitted,
+                "{name}"
+            );
+        }
+    }
+
+    /// What shadow mode counts beyond the limit stops at MAX_HITS (2^53 − 1,
+    /// exact in Lua's doubles), in both stores alike, and the full counter
+    /// keeps rejecting.
+    pub async fn a_counter_never_holds_more_than_max_hits<S: CounterStore>(s: &S, _: &ManualClock) {
+        for (name, l) in [
+            ("s", sliding(5, 60_000, 6_000)),
+            ("f", fixed(5, 60_000)),
+            ("l", log(5, 60_000)),
+        ] {
+            for _ in 0..2 {
+                let o = apply(s, vec![item(name, &[l], u64::MAX, Shadow)]).await;
+                assert!(o.admitted, "{name}: shadow never rejects");
+                assert_eq!(o.limits[0].used, MAX_HITS, "{name}");
+            }
+            // A log trims what is beyond the limit at its next read.
+            let kept = if name == "l" { 5 } else { MAX_HITS };
+            let o = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (false, kept), "{name}");
+        }
+        let b = bucket(5, 60_000, 5);
+        let o = apply(s, vec![item("b", &[b], u64::MAX, Shadow)]).await;
+        assert!(o.admitted);
+        let o = apply(s, vec![item("b", &[b], 1, Enforce)]).await;
+        assert_eq!((o.admitted, o.limits[0].used), (false, 5));
+    }
+
+    /// At the cap the arithmetic is exact: a limit of 2^53 − 1 admits
+    /// exactly that many hits, and not one more.
+    pub async fn weights_at_max_hits_count_exactly<S: CounterStore>(s: &S, _: &ManualClock) {
+        for (name, l) in [
+            ("s", sliding(MAX_HITS, 60_000, 6_000)),
+            ("f", fixed(MAX_HITS, 60_000)),
+        ] {
+            let o = apply(s, vec![item(name, &[l], MAX_HITS - 1, Enforce)]).await;
+            assert_eq!(
+                (o.admitted, o.limits[0].used),
+                (true, MAX_HITS - 1),
+                "{name}"
+            );
+            let o = apply(s, vec![item(name, &[l], 2, Enforce)]).await;
+            assert_eq!(
+                (o.admitted, o.limits[0].used),
+                (false, MAX_HITS - 1),
+                "{name}"
+            );
+            let o = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (true, MAX_HITS), "{name}");
+            let o = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (false, MAX_HITS), "{name}");
+        }
+    }
 }
 
 /// Stamps every case over the three stores.
@@ -584,6 +672,9 @@ suite!(
     sliding_log_counts_each_hit_for_exactly_one_window,
     sliding_log_never_holds_more_than_the_limit,
     a_sliding_log_enforces_an_exact_minimum_gap,
+    weights_summing_past_u64_are_never_admitted,
+    a_counter_never_holds_more_than_max_hits,
+    weights_at_max_hits_count_exactly,
 );
 
 /// Random request sequences give identical outcomes in memory and in Redis.

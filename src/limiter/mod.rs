@@ -15,6 +15,13 @@ pub use key::{CounterKey, Identity, IdentityBuilder};
 /// Milliseconds since the Unix epoch: the one time unit of every algorithm.
 pub type Millis = u64;
 
+/// The most weight one request may carry (all its descriptors together), and
+/// the most hits one counter holds: 2^53 − 1, below which IEEE doubles (the
+/// Redis scripts' Lua numbers) represent every integer, so the Lua and the
+/// Rust arithmetic stay exact and identical. A count that would pass it is
+/// not counted beyond it.
+pub const MAX_HITS: u64 = (1 << 53) - 1;
+
 /// How a limit counts: the algorithm and the length of its window.
 ///
 /// Together with an [`Identity`] this names a counter. `requests` is not part

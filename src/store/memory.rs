@@ -156,15 +156,14 @@ impl MemoryStore {
                 let (key, shard) = &counters[index];
                 let shard = &mut guards[guard(*shard)];
                 let pending: u64 = batch_hits_before(batch, &counters, index, key);
+                // Saturated, a sum past u64 fits no limit: never wrapped.
+                let wanted = pending.saturating_add(item.hits);
                 let (used, fits) = match shard.counters.get_mut(key) {
                     Some(state) => {
                         let used = state.used(limit, now);
-                        (used, state.fits(limit, now, used, pending + item.hits))
+                        (used, state.fits(limit, now, used, wanted))
                     }
-                    None => (
-                        0,
-                        State::new(limit).fits(limit, now, 0, pending + item.hits),
-                    ),
+                    None => (0, State::new(limit).fits(limit, now, 0, wanted)),
                 };
                 let over = !fits;
                 item_over |= over;
@@ -227,7 +226,7 @@ fn batch_hits_before(
                 return sum;
             }
             if counters[i].0 == *key {
-                sum += item.hits;
+                sum = sum.saturating_add(item.hits);
             }
             i += 1;
         }

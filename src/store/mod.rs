@@ -14,7 +14,7 @@ pub use redis::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource, server_info}
 use std::future::Future;
 use std::time::Duration;
 
-use crate::limiter::{Identity, LimitSpec, Role};
+use crate::limiter::{Identity, LimitSpec, MAX_HITS, Role};
 
 /// Everything one request asks of the store.
 #[derive(Clone, Debug, Default)]
@@ -54,10 +54,14 @@ pub struct LimitOutcome {
 /// The `used` a store reports for one limit: after this request (and the
 /// earlier limits of the request on the same counter) when it was admitted,
 /// the counter as it stands when it was not. Both stores use this, so a
-/// counter named twice in one request reports consistently.
+/// counter named twice in one request reports consistently. A counter holds
+/// at most [`MAX_HITS`]; so does this.
 pub(crate) fn counted_used(admitted: bool, before: u64, pending: u64, hits: u64) -> u64 {
     if admitted {
-        before + pending + hits
+        before
+            .saturating_add(pending)
+            .saturating_add(hits)
+            .min(MAX_HITS)
     } else {
         before
     }

@@ -7,6 +7,7 @@
 //! beyond the cap they are counted under `descriptor="_other_"`.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -149,9 +150,19 @@ impl LimitCounters {
                 Series::OverLimit => &self.over_limit,
                 Series::ShadowMode => &self.shadow_mode,
             };
-            counter.inc_by(event.hits);
+            add_hits(counter, event.hits);
         });
     }
+}
+
+/// Adds weighted hits to a counter, saturating: a `u64` wraps after 2048
+/// requests of the largest weight, and a wrapped counter reads as a reset.
+fn add_hits(counter: &Counter, hits: u64) {
+    let _ = counter
+        .inner()
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            Some(n.saturating_add(hits))
+        });
 }
 
 /// Every metric of the service.
@@ -326,7 +337,7 @@ impl Metrics {
                 Series::OverLimit => &self.over_limit,
                 Series::ShadowMode => &self.shadow_mode,
             };
-            family.get_or_create(labels).inc_by(event.hits);
+            add_hits(&family.get_or_create(labels), event.hits);
         });
     }
 
@@ -505,6 +516,36 @@ mod tests {
             m.descriptor_label("ip=1".into()),
             "ip=1",
             "known values keep their label"
+        );
+    }
+
+    #[test]
+    fn weighted_hits_saturate_instead_of_wrapping() {
+        let metrics = Metrics::new(MetricsConfig::default());
+        let labels = LimitLabels {
+            domain: "d".into(),
+            limit: "l".into(),
+            descriptor: String::new(),
+        };
+        let heavy = LimitEvent {
+            hits: u64::MAX / 2 + 1,
+            admitted: false,
+            over: true,
+            shadow: false,
+            used: 0,
+            capacity: 1,
+        };
+        let counters = metrics.limit_counters(&labels);
+        counters.record(heavy);
+        metrics.record_limit(&labels, heavy);
+        metrics.record_limit(&labels, heavy);
+        let text = metrics.encode();
+        assert!(
+            text.contains(&format!(
+                r#"sluice_hits_total{{domain="d",limit="l",descriptor=""}} {}"#,
+                u64::MAX
+            )),
+            "{text}"
         );
     }
 }

@@ -1,7 +1,7 @@
 //! Fixed windows aligned to the Unix epoch: envoyproxy/ratelimit's counting.
 
 use super::{signed, unsigned};
-use crate::limiter::{LimitSpec, Millis, Window};
+use crate::limiter::{LimitSpec, MAX_HITS, Millis, Window};
 
 /// One counter for the current window `[index·d, (index+1)·d)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,10 +47,10 @@ impl FixedWindow {
         }
     }
 
-    /// Counts `hits` in the window containing `now`.
+    /// Counts `hits` in the window containing `now`, up to [`MAX_HITS`].
     pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
         self.roll(spec, now);
-        self.hits = self.hits.saturating_add(hits);
+        self.hits = self.hits.saturating_add(hits).min(MAX_HITS);
     }
 
     /// Until the end of the window containing `now`.

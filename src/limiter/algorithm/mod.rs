@@ -100,14 +100,16 @@ impl State {
     }
 
     /// Whether `hits` more fit at `now` (after [`State::used`] returned `used`).
+    /// A sum past `u64` fits nothing: checked, never wrapped.
     pub fn fits(&self, spec: &LimitSpec, now: Millis, used: u64, hits: u64) -> bool {
         match self {
             State::Bucket(s) => s.fits(spec, now, hits),
-            _ => used + hits <= spec.requests,
+            _ => used.checked_add(hits).is_some_and(|n| n <= spec.requests),
         }
     }
 
-    /// Counts `hits` at `now`.
+    /// Counts `hits` at `now`; a counter never holds more than
+    /// [`MAX_HITS`](crate::limiter::MAX_HITS) (the rest is not counted).
     pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
         match self {
             State::Sliding(s) => s.add(spec, now, hits),
@@ -129,13 +131,17 @@ impl State {
 
     /// For how many milliseconds from `now` no hit at all can fit (0 when
     /// one can now). Exact or shorter, never longer: a local cache may reject
-    /// for this long without asking the store. Call after [`State::used`].
+    /// for this long without asking the store. Also never longer than the
+    /// instant [`State::reset_ms`] reports stays the same, so that cache can
+    /// report the store's reset. Call after [`State::used`].
     pub fn full_for(&self, spec: &LimitSpec, now: Millis) -> u64 {
         match self {
             State::Sliding(s) => s.full_for(spec, now),
             State::Fixed(s) if s.hits_now(spec, now) >= spec.requests => s.reset_ms(spec, now),
             State::Bucket(s) if !s.fits(spec, now, 1) => s.reset_ms(spec, now),
-            State::Log(s) if s.total() >= spec.requests => s.reset_ms(spec, now),
+            // Exactly full: beyond the limit the next read trims the oldest
+            // hits, which moves the reset; empty, the reset moves with `now`.
+            State::Log(s) if s.total() == spec.requests && s.total() > 0 => s.reset_ms(spec, now),
             _ => 0,
         }
     }

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use super::{signed, unsigned};
-use crate::limiter::{LimitSpec, Millis, Window};
+use crate::limiter::{LimitSpec, MAX_HITS, Millis, Window};
 
 /// Largest `requests_per_unit` a sliding log accepts: its cost and memory
 /// grow with the limit.
@@ -57,8 +57,9 @@ impl SlidingLog {
     }
 
     /// Logs `hits` at `now` (at the newest entry's time if the clock stepped
-    /// back).
+    /// back); the log never holds more than [`MAX_HITS`].
     pub fn add(&mut self, _spec: &LimitSpec, now: Millis, hits: u64) {
+        let hits = hits.min(MAX_HITS.saturating_sub(self.total));
         if hits == 0 {
             return;
         }

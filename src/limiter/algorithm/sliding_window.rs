@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 
 use super::{Algorithm, signed, unsigned};
-use crate::limiter::{LimitSpec, Millis, Window};
+use crate::limiter::{LimitSpec, MAX_HITS, Millis, Window};
 
 /// Buckets of one sliding-window counter.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -65,8 +65,10 @@ impl SlidingWindow {
     }
 
     /// Counts `hits` in the bucket of `now`. A clock that stepped back adds to
-    /// the newest bucket instead, so buckets stay ordered.
+    /// the newest bucket instead, so buckets stay ordered. The total never
+    /// passes [`MAX_HITS`]: what would is not counted.
     pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
+        let hits = hits.min(MAX_HITS.saturating_sub(self.total));
         if hits == 0 {
             return;
         }
@@ -93,11 +95,18 @@ impl SlidingWindow {
     /// after `used`. The straddling bucket's share falls as the window
     /// slides; `ceil(c·x/p) ≤ k` exactly when `x ≤ ⌊k·p/c⌋`, solved in
     /// integers. Beyond the straddling bucket this stops early: conservative.
+    /// Never past the oldest bucket's expiry, so the reset reported stays the
+    /// same instant meanwhile; at a limit of 0 (nothing ever fits) that is
+    /// all that bounds it, and an empty counter's reset moves with each new
+    /// bucket.
     pub fn full_for(&self, spec: &LimitSpec, now: Millis) -> u64 {
         let (d, p) = shape(&spec.window);
         let limit = spec.requests;
         if limit == 0 {
-            return unsigned(d);
+            return match self.buckets.front() {
+                Some(&(index, _)) => unsigned((index + 1) * p + d - signed(now)),
+                None => unsigned((signed(now).div_euclid(p) + 1) * p - signed(now)),
+            };
         }
         let start = signed(now) - d;
         let oldest = start.div_euclid(p);

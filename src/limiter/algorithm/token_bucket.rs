@@ -30,7 +30,7 @@ impl TokenBucket {
     /// How far the TAT is ahead of `now`, in ticks (0 when the bucket is full).
     fn ahead(&self, requests: u64, now: Millis) -> u64 {
         if self.base_ms > now || (self.base_ms == now && self.ticks > 0) {
-            (self.base_ms - now) * requests + self.ticks
+            ((self.base_ms - now).saturating_mul(requests)).saturating_add(self.ticks)
         } else {
             0
         }
@@ -56,19 +56,31 @@ impl TokenBucket {
         if spec.requests == 0 || hits > burst {
             return false;
         }
-        self.ahead(spec.requests, now) + hits * interval <= burst * interval
+        // hits ≤ burst here, so hits × interval ≤ burst × interval ≤ 2^52.
+        self.ahead(spec.requests, now)
+            .saturating_add(hits * interval)
+            <= burst * interval
     }
 
-    /// Takes `hits` tokens at `now`.
+    /// Takes `hits` tokens at `now`. Beyond the burst (shadow or quota mode
+    /// counts what does not fit) the debt stops at [`MAX_BUCKET_TICKS`] ahead
+    /// of `now`: the tokens beyond are not taken, so every value stays exact
+    /// in the Lua script's doubles.
     pub fn add(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
-        let requests = spec.requests;
+        let (requests, interval) = (spec.requests, spec.window.duration_ms);
         if requests == 0 || hits == 0 {
             return;
         }
-        if self.ahead(requests, now) == 0 {
+        let ahead = self.ahead(requests, now);
+        if ahead == 0 {
             (self.base_ms, self.ticks) = (now, 0);
         }
-        let ticks = self.ticks + hits * spec.window.duration_ms;
+        let room = MAX_BUCKET_TICKS.saturating_sub(ahead).checked_div(interval);
+        let hits = room.map_or(hits, |room| hits.min(room));
+        if hits == 0 {
+            return;
+        }
+        let ticks = self.ticks + hits * interval;
         self.base_ms += ticks / requests;
         self.ticks = ticks % requests;
     }

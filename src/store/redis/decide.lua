@@ -59,6 +59,11 @@ the Rust algorithms.
 
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 
+-- A counter holds at most 2^53 - 1 hits, and a token bucket's debt stops
+-- 2^52 ticks ahead of now (Rust's MAX_HITS and MAX_BUCKET_TICKS): what would
+-- pass is not counted, so every number here stays an exact double.
+local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
+
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -101,10 +106,15 @@ local function sliding_count(t, o, oldest, c, inside, p)
   return t
 end
 
--- For how long no hit at all can fit; exact or shorter (see Rust's full_for).
+-- For how long no hit at all can fit; exact or shorter, and never past the
+-- oldest bucket's expiry (the reset) nor, for an empty counter, the next
+-- bucket (see Rust's full_for).
 local function sliding_full_for(requests, t, o, oldest, c, inside, p, d)
   if requests == 0 then
-    return d
+    if t == 0 then
+      return (floor(now / p) + 1) * p - now
+    end
+    return (o + 1) * p + d - now
   elseif t == 0 then
     return 0
   elseif o == oldest and c and inside < p then
@@ -288,10 +298,11 @@ local function fast()
     if L[at + 1] then
       local p, oldest, cur, t, o = L[at + 4], L[at + 5], L[at + 6], L[at + 9], L[at + 10]
       local swept = L[at + 12]
-      if counted then
+      local add = counted and min(hits, MAX_HITS - t) or 0
+      if add > 0 then
         local scur = fmt('%d', cur)
-        set[m + 1], set[m + 2] = f .. scur, fmt('%d', (tonumber(v[j + 4]) or 0) + hits)
-        set[m + 3], set[m + 4] = f .. 't', fmt('%d', t + hits)
+        set[m + 1], set[m + 2] = f .. scur, fmt('%d', (tonumber(v[j + 4]) or 0) + add)
+        set[m + 3], set[m + 4] = f .. 't', fmt('%d', t + add)
         m = m + 4
         if t == 0 then
           o = cur
@@ -304,7 +315,7 @@ local function fast()
           set[m + 1], set[m + 2] = f .. 'n', scur
           m = m + 2
         end
-        t, slot = t + hits, cur
+        t, slot = t + add, cur
         k.expiry = max(k.expiry, (cur + 1) * p + d)
       elseif swept and t > 0 then
         set[m + 1], set[m + 2], set[m + 3], set[m + 4] = f .. 't', fmt('%d', t), f .. 'o', fmt('%d', o)
@@ -323,8 +334,9 @@ local function fast()
       if w ~= window then
         c = 0
       end
-      if counted then
-        w, c, slot = window, c + hits, window
+      local add = counted and min(hits, MAX_HITS - c) or 0
+      if add > 0 then
+        w, c, slot = window, c + add, window
         set[m + 1], set[m + 2], set[m + 3], set[m + 4] = f .. 'w', fmt('%d', w), f .. 'c', fmt('%d', c)
         m = m + 4
         k.expiry = max(k.expiry, (window + 1) * d)
@@ -587,6 +599,10 @@ end
 local function add(l, hits)
   local st, k = l.st, l.st.k
   if st.alg == 0 then
+    hits = min(hits, MAX_HITS - st.t)
+    if hits == 0 then
+      return -1, 0
+    end
     local b = st.cur
     if st.t > 0 and st.n >= b then
       b = st.n -- the clock stepped back: add to the newest bucket
@@ -607,6 +623,10 @@ local function add(l, hits)
     write(k, st.f .. 'n', st.n)
     return b, (st.n + 1) * st.p + st.d
   elseif st.alg == 1 then
+    hits = min(hits, MAX_HITS - st.c)
+    if hits == 0 then
+      return -1, 0
+    end
     st.w = floor(now / st.d)
     st.c = st.c + hits
     write(k, st.f .. 'w', st.w)
@@ -616,8 +636,15 @@ local function add(l, hits)
     if l.requests == 0 then
       return -1, 0
     end
-    if ahead(l) == 0 then
+    local a = ahead(l)
+    if a == 0 then
       st.base, st.ticks = now, 0
+    end
+    if l.d > 0 then
+      hits = min(hits, idiv(max(MAX_AHEAD - a, 0), l.d))
+    end
+    if hits == 0 then
+      return -1, 0
     end
     local total = st.ticks + hits * l.d
     local whole = idiv(total, l.requests)
@@ -630,6 +657,10 @@ local function add(l, hits)
     end
     return 0, full_at
   else
+    hits = min(hits, MAX_HITS - st.total)
+    if hits == 0 then
+      return -1, 0
+    end
     local last = #st.times
     local t = now
     if last > 0 and st.times[last] >= now then
@@ -684,7 +715,7 @@ local function full_for(l)
       return 0
     end
     return reset(l)
-  elseif st.total >= l.requests then
+  elseif st.total > 0 and st.total == l.requests then
     return reset(l)
   end
   return 0

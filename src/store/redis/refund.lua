@@ -112,8 +112,10 @@ for i = 1, #KEYS do
       local f = d .. ':b' .. param .. ':'
       local s = redis.call('HMGET', key, f .. 'a', f .. 'r')
       local base, ticks = tonumber(s[1]), tonumber(s[2]) or 0
-      if base and requests > 0 then
-        local need = hits * tonumber(d)
+      if base and requests > 0 and slot >= 0 then
+        -- decide.lua never moves it more than 2^52 ticks (MAX_AHEAD).
+        local most = floor(4503599627370496 / tonumber(d))
+        local need = math.min(hits, most) * tonumber(d)
         if ticks < need then
           local borrow = ceil_div(need - ticks, requests)
           base, ticks = base - borrow, ticks + borrow * requests
