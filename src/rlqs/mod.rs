@@ -135,8 +135,3 @@
 //! every replica, and each replica assigns its own streams their part.
 
 pub mod alloc;
-pub mod service;
-pub mod state;
-
-pub use service::RateLimitQuotaService;
-pub use state::Rlqs;
