@@ -135,3 +135,68 @@
 //! every replica, and each replica assigns its own streams their part.
 
 pub mod alloc;
+pub mod metrics;
+pub mod service;
+pub mod state;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::decision::Limiter;
+use crate::proto::rlqs::rate_limit_quota_service_server as proto_server;
+use crate::store::CounterStore;
+
+pub use service::RateLimitQuotaService;
+pub use state::Rlqs;
+
+/// The RLQS gRPC service and its admin routes over the rules of `limiter`:
+/// `server.rs` adds the first to the gRPC router and merges the second into
+/// the admin router. Streams end with `UNAVAILABLE` when `closing` is
+/// cancelled (the listeners stop accepting).
+pub fn serve<S: CounterStore>(
+    limiter: &Arc<Limiter<S>>,
+    closing: CancellationToken,
+) -> (
+    proto_server::RateLimitQuotaServiceServer<RateLimitQuotaService>,
+    Router,
+) {
+    let rules = limiter.clone();
+    let rlqs = Arc::new(Rlqs::new(move || rules.rules()));
+    (
+        RateLimitQuotaService::new(rlqs.clone(), closing).into_server(),
+        admin_router(rlqs),
+    )
+}
+
+/// `GET /rlqs`: every bucket, its budget, and each stream's demand and
+/// assignment, as JSON. `GET /metrics/rlqs`: the RLQS metrics.
+pub fn admin_router(rlqs: Arc<Rlqs>) -> Router {
+    Router::new()
+        .route(
+            "/rlqs",
+            get(|State(rlqs): State<Arc<Rlqs>>| async move {
+                axum::Json(serde_json::json!({ "buckets": rlqs.snapshot() }))
+            }),
+        )
+        .route(
+            "/metrics/rlqs",
+            get(|State(rlqs): State<Arc<Rlqs>>| async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    rlqs.metrics().encode(),
+                )
+                    .into_response()
+            }),
+        )
+        .with_state(rlqs)
+}
