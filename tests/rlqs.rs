@@ -6,6 +6,7 @@
 mod support;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -17,6 +18,9 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use sluice::headers::HeaderMode;
+use sluice::limiter::ManualClock;
+use sluice::store::TimeSource;
+use support::redis::RedisServer;
 use support::{Server, http};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -356,4 +360,68 @@ async fn the_admin_page_shows_assignments_per_bucket() {
     );
     drop(envoy);
     server.stop().await;
+}
+
+async fn redis_replica(redis: &RedisServer) -> Server {
+    let clock = Arc::new(ManualClock::new(support::T0));
+    let store = support::redis_store(
+        &redis.url(),
+        clock.clone(),
+        TimeSource::Redis,
+        Duration::from_secs(1),
+    )
+    .await;
+    Server::start_with_store(RULES, HeaderMode::Off, store, clock).await
+}
+
+#[tokio::test]
+async fn replicas_sharing_redis_split_one_budget_between_their_streams() {
+    let redis = RedisServer::start();
+    let (one, two) = (redis_replica(&redis).await, redis_replica(&redis).await);
+    let mut a = Envoy::connect(&one).await;
+    let mut b = Envoy::connect(&two).await;
+    // Steady demands from the first report on: A offers 3/s, B 0.2/s.
+    a.report(0, &[("hot", 15, 0)]).await;
+    assert_eq!(a.next().await["hot"].tokens(), 120);
+
+    // B lands on the other replica, which hears of A's demand through
+    // Redis: B does not get a whole budget of its own, only its part.
+    b.report(0, &[("hot", 1, 0)]).await;
+    let share_b = b.next().await["hot"].tokens();
+    assert!(share_b < 20, "B's replica saw A's demand: {share_b}");
+
+    // A's next report brings B's demand to A's replica: once both have
+    // heard each other, the two replicas' shares fit in the one budget.
+    a.report(5, &[("hot", 10, 5)]).await;
+    let share_a = a.next().await["hot"].tokens();
+    assert!(share_a < 120, "A's replica saw B: {share_a}");
+    assert!(share_a + share_b <= 120, "{share_a} + {share_b}");
+    assert!(share_a + share_b >= 114, "{share_a} + {share_b}");
+    let page = admin_page(&one).await;
+    assert_eq!(page["buckets"][0]["other_replicas"]["streams"], 1);
+
+    // B goes: its replica deletes its field, and A's answers return to the
+    // whole budget (polled: B's close is handled by its own task).
+    drop(b);
+    two.stop().await;
+    let mut whole = false;
+    for _ in 0..100 {
+        a.report(5, &[("hot", 10, 5)]).await;
+        if a.next().await["hot"].tokens() == 120 {
+            whole = true;
+            break;
+        }
+    }
+    assert!(whole, "A never got B's part back");
+    drop(a);
+    one.stop().await;
+}
+
+async fn admin_page(server: &Server) -> serde_json::Value {
+    let addr = server.http;
+    let (status, body) = tokio::task::spawn_blocking(move || http(addr, "GET", "/rlqs", ""))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    serde_json::from_str(&body).expect("JSON")
 }

@@ -137,6 +137,22 @@ pub fn targets(tokens: u64, demands: &[u64]) -> Vec<u64> {
     shares.map(|s| s as u64).collect()
 }
 
+/// The most the first `local` streams of `targets` may hold together: their
+/// targets plus their part (by count) of what rounding left of `tokens`.
+/// Summed over disjoint sets of streams sharing one `targets`, the caps
+/// never exceed `tokens`; with every stream local, the cap is `tokens`.
+pub fn local_cap(tokens: u64, targets: &[u64], local: usize) -> u64 {
+    let all: u128 = targets.iter().map(|t| u128::from(*t)).sum();
+    let mine: u128 = targets[..local].iter().map(|t| u128::from(*t)).sum();
+    let left = u128::from(tokens).saturating_sub(all);
+    let cap = if local == targets.len() {
+        mine + left
+    } else {
+        mine + left * local as u128 / targets.len().max(1) as u128
+    };
+    u64::try_from(cap).unwrap_or(u64::MAX)
+}
+
 /// The shares to assign, from the current ones and the new targets: a share
 /// stays where it is unless its target moved by more than `band`; if what
 /// is kept would sum above `tokens`, every share above its target is cut to
@@ -259,7 +275,32 @@ mod tests {
         assert_eq!(damp(120, 6, &[Some(70), None], &[65, 55]), vec![65, 55]);
     }
 
+    #[test]
+    fn local_caps_share_the_rounding_left_over() {
+        // 120 split 3 ways with demands 0: 40 each, nothing left.
+        assert_eq!(local_cap(120, &[40, 40, 40], 3), 120);
+        // Targets summing to 118: all local gets 120; 1 of 3 gets 39 + 0.
+        assert_eq!(local_cap(120, &[40, 39, 39], 3), 120);
+        assert_eq!(local_cap(120, &[40, 39, 39], 1), 40);
+    }
+
     proptest! {
+        #[test]
+        fn local_caps_of_disjoint_replicas_stay_within_the_budget(
+            tokens in 0u64..100_000,
+            demands in proptest::collection::vec(0u64..1_000_000, 2..20),
+            cut in 1usize..19,
+        ) {
+            let targets = targets(tokens, &demands);
+            let cut = cut.min(targets.len() - 1);
+            // Two replicas: the first `cut` streams, and the rest (reordered
+            // so they come first, as each replica lists its own first).
+            let mut other = targets[cut..].to_vec();
+            other.extend_from_slice(&targets[..cut]);
+            let caps = local_cap(tokens, &targets, cut) + local_cap(tokens, &other, targets.len() - cut);
+            prop_assert!(caps <= tokens);
+        }
+
         #[test]
         fn shares_never_exceed_the_budget_and_respect_the_floor(
             tokens in 0u64..100_000,

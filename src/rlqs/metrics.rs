@@ -99,7 +99,7 @@ impl Default for RlqsMetrics {
         );
         registry.register(
             "sluice_rlqs_bucket_demand_per_second",
-            "Smoothed requests per second offered to a bucket by every stream of this replica",
+            "Smoothed requests per second offered to a bucket by every stream (other replicas' too, with Redis)",
             metrics.demand.clone(),
         );
         registry.register(

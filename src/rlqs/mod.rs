@@ -18,6 +18,10 @@
 //! - [`state`]: per stream and per bucket, the smoothed demand, the current
 //!   assignment and the idle count; a report in, the actions for every stream
 //!   out. Time is an argument (`now`), so tests drive it by hand.
+//! - [`redis`]: demand shared between replicas through Redis (`share.lua`);
+//!   the only user of fred outside `store/redis.rs`, over the RLS store's
+//!   own connection pool.
+//! - [`metrics`]: the RLQS metrics, in their own registry.
 //! - [`service`]: the tonic service, the only part that sees protobuf: one
 //!   task per stream, a channel per stream for pushed actions, refusal past
 //!   the stream cap, and state dropped when a stream closes.
@@ -125,20 +129,34 @@
 //! (past the cap a bucket gets no assignment, so Envoy applies its
 //! `no_assignment_behavior`).
 //!
-//! With several replicas, each stream lands on one replica. In memory mode
-//! a replica splits the budget between the streams *it* holds: with `r`
-//! replicas the Envoys together may get up to `r × B`. The design for Redis
-//! (not built yet): each replica writes, per bucket, one hash field per
-//! stream holding its smoothed demand and an expiry three report intervals
-//! ahead, and reads the whole hash back in the same script call (dropping
-//! expired fields); the split above is then computed over every stream of
-//! every replica, and each replica assigns its own streams their part.
+//! With several replicas, each stream lands on one replica, so a global
+//! split needs every stream's demand. In memory mode a replica splits the
+//! budget between the streams *it* holds (one replica's view: `r` replicas
+//! may assign up to `r × B`). When the RLS store is Redis, the replicas
+//! share demand through it ([`redis`], `share.lua`): per bucket one hash,
+//! one field per stream of every replica holding its smoothed demand and an
+//! expiry three report intervals ahead (by Redis's clock). At each report a
+//! replica writes its streams' demand for the bucket and reads every live
+//! field back in the same script call, dropping expired ones; the split is
+//! computed over all of them, and each replica assigns its own streams their
+//! targets, capped at their targets plus their part of the rounding left
+//! over, so the caps of all replicas sum to at most `B`. A replica hears of
+//! another's change at its own streams' next report, within one report
+//! interval — the `R·5 s` term of the bound again. A closed or abandoned
+//! stream's field is deleted; a dead replica's fields expire in 15 s; the
+//! hash expires with its last field. If Redis fails, the replica keeps what
+//! it last heard and says so in a warning; streams are never failed for it.
+//! The hashes are `sluice:rlqs:<sha-256 of [domain, entries]>` (the RLS
+//! `key_prefix` is not applied: RLQS hashes of two deployments sharing one
+//! Redis and one domain would mix).
 
 pub mod alloc;
 pub mod metrics;
+pub mod redis;
 pub mod service;
 pub mod state;
 
+use std::any::Any;
 use std::sync::Arc;
 
 use axum::Router;
@@ -151,7 +169,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decision::Limiter;
 use crate::proto::rlqs::rate_limit_quota_service_server as proto_server;
-use crate::store::CounterStore;
+use crate::store::{Breaker, CounterStore, RedisStore};
 
 pub use service::RateLimitQuotaService;
 pub use state::Rlqs;
@@ -169,10 +187,22 @@ pub fn serve<S: CounterStore>(
 ) {
     let rules = limiter.clone();
     let rlqs = Arc::new(Rlqs::new(move || rules.rules()));
-    (
-        RateLimitQuotaService::new(rlqs.clone(), closing).into_server(),
-        admin_router(rlqs),
-    )
+    let mut service = RateLimitQuotaService::new(rlqs.clone(), closing);
+    if let Some(pool) = redis_pool(limiter.store()) {
+        service = service.with_board(Arc::new(redis::RedisBoard::new(pool)));
+    }
+    (service.into_server(), admin_router(rlqs))
+}
+
+/// The RLS store's Redis pool, when the store is Redis (behind the circuit
+/// breaker, as `main.rs` builds it, or bare): RLQS shares demand through
+/// the same Redis without a setting or a second connection pool of its own.
+fn redis_pool<S: CounterStore>(store: &S) -> Option<fred::clients::Pool> {
+    let store: &dyn Any = store;
+    store
+        .downcast_ref::<Breaker<RedisStore>>()
+        .map(|b| b.inner().pool().clone())
+        .or_else(|| store.downcast_ref::<RedisStore>().map(|s| s.pool().clone()))
 }
 
 /// `GET /rlqs`: every bucket, its budget, and each stream's demand and

@@ -18,7 +18,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::alloc::MAX_TOKENS;
-use super::state::{ASSIGNMENT_TTL_SECS, Action, Assignment, Outbox, Rlqs, StreamId, Usage};
+use super::redis::RedisBoard;
+use super::state::{
+    ASSIGNMENT_TTL_SECS, Action, Assignment, Outbox, Pending, Remote, Rlqs, StreamId, Usage,
+};
 use crate::proto::rlqs as pb;
 use pb::rate_limit_quota_response::{BucketAction, bucket_action};
 
@@ -47,6 +50,8 @@ pub struct RateLimitQuotaService {
     /// with `UNAVAILABLE`, so Envoy reconnects elsewhere and shutdown does
     /// not wait for streams that never end by themselves.
     closing: CancellationToken,
+    /// Where demand is shared with other replicas; `None` in memory mode.
+    board: Option<Arc<RedisBoard>>,
 }
 
 impl RateLimitQuotaService {
@@ -57,7 +62,25 @@ impl RateLimitQuotaService {
             senders: Arc::default(),
             epoch: Instant::now(),
             closing,
+            board: None,
         }
+    }
+
+    /// Shares demand with other replicas through `board`.
+    pub fn with_board(mut self, board: Arc<RedisBoard>) -> Self {
+        self.board = Some(board);
+        self
+    }
+
+    /// Completes a report or a close: shares demand (Redis mode), then
+    /// re-splits and sends.
+    async fn settle(&self, pending: Pending) {
+        let remote = match &self.board {
+            Some(board) => board.exchange(self.rlqs.published(&pending)).await,
+            None => Remote::new(),
+        };
+        let outbox = self.rlqs.finish(pending, &remote);
+        self.dispatch(outbox);
     }
 
     /// The tonic server for the router.
@@ -131,12 +154,12 @@ impl RateLimitQuotaService {
                 .into_iter()
                 .filter_map(from_wire)
                 .collect();
-            let outbox = self.rlqs.report(stream, &domain, usages, self.now_ms());
-            self.dispatch(outbox);
+            let pending = self.rlqs.record(stream, &domain, usages, self.now_ms());
+            self.settle(pending).await;
         }
         self.senders.lock().remove(&stream);
-        let outbox = self.rlqs.close(stream);
-        self.dispatch(outbox);
+        let pending = self.rlqs.leave(stream);
+        self.settle(pending).await;
         tracing::info!(stream, peer = ?peer, domain, "RLQS stream closed");
     }
 }

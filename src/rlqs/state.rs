@@ -106,6 +106,35 @@ pub struct Usage {
 /// The actions to send, per stream.
 pub type Outbox = Vec<(StreamId, Vec<Action>)>;
 
+/// What a report or a stream close leaves to do once the other replicas'
+/// demand is known: the buckets to re-split.
+#[derive(Debug)]
+pub struct Pending {
+    stream: StreamId,
+    /// Buckets whose split must be recomputed.
+    touched: Vec<BucketKey>,
+    /// Streams that left a bucket (abandoned or closed).
+    gone: Vec<(BucketKey, StreamId)>,
+    /// Actions for `stream` decided already (abandons).
+    own: Vec<Action>,
+}
+
+/// One bucket's demand on this replica, as shared with the others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// The bucket.
+    pub key: BucketKey,
+    /// Each local stream's smoothed demand, micro-requests per second.
+    pub demands: Vec<(StreamId, u64)>,
+    /// Local streams that no longer report the bucket.
+    pub gone: Vec<StreamId>,
+}
+
+/// The demand other replicas' streams put on each bucket (micro-requests
+/// per second, one entry per stream); a bucket absent from the map keeps
+/// what was last heard.
+pub type Remote = HashMap<BucketKey, Vec<u64>>;
+
 /// A stream was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("too many RLQS streams open (the cap is {MAX_STREAMS})")]
@@ -138,6 +167,8 @@ struct Bucket {
     streams: BTreeMap<StreamId, StreamBucket>,
     /// The budget of the last recomputation (`None`: allow-all).
     budget: Option<Budget>,
+    /// Demands of the streams other replicas hold (empty in memory mode).
+    remote: Vec<u64>,
 }
 
 /// One bucket as one stream reports it.
@@ -185,10 +216,8 @@ impl Rlqs {
         Ok(id)
     }
 
-    /// Takes one report of `stream` at `now_ms`: updates demand, abandons
-    /// idle buckets, re-splits every bucket reported, and returns what to
-    /// send — to `stream`, an assignment for every bucket it reported (which
-    /// refreshes the TTL), and to the other streams any changed share.
+    /// Takes one report of `stream` at `now_ms` (memory mode: this
+    /// replica's view only): [`Rlqs::record`] then [`Rlqs::finish`].
     pub fn report(
         &self,
         stream: StreamId,
@@ -196,17 +225,40 @@ impl Rlqs {
         usages: Vec<Usage>,
         now_ms: u64,
     ) -> Outbox {
+        let pending = self.record(stream, domain, usages, now_ms);
+        self.finish(pending, &Remote::new())
+    }
+
+    /// Drops a closed stream and re-splits its buckets between the others
+    /// (memory mode): [`Rlqs::leave`] then [`Rlqs::finish`].
+    pub fn close(&self, stream: StreamId) -> Outbox {
+        let pending = self.leave(stream);
+        self.finish(pending, &Remote::new())
+    }
+
+    /// The first half of a report: updates each bucket's demand for
+    /// `stream` and abandons buckets idle for [`IDLE_REPORTS`] reports.
+    pub fn record(
+        &self,
+        stream: StreamId,
+        domain: &str,
+        usages: Vec<Usage>,
+        now_ms: u64,
+    ) -> Pending {
         self.metrics.reports.inc();
-        let rules = (self.rules)();
+        let mut pending = Pending {
+            stream,
+            touched: Vec::new(),
+            gone: Vec::new(),
+            own: Vec::new(),
+        };
         let mut inner = self.inner.lock();
         let Inner {
             streams, buckets, ..
         } = &mut *inner;
         let Some(mine) = streams.get_mut(&stream) else {
-            return Vec::new();
+            return pending;
         };
-        let mut own = Vec::new();
-        let mut touched = Vec::new();
         for usage in usages {
             let key = BucketKey::new(domain, usage.entries);
             if !mine.contains(&key) {
@@ -238,13 +290,87 @@ impl Rlqs {
                 bucket.streams.remove(&stream);
                 mine.remove(&key);
                 self.metrics.abandons.inc();
-                own.push(Action::Abandon(key.clone()));
+                pending.own.push(Action::Abandon(key.clone()));
+                pending.gone.push((key.clone(), stream));
             }
-            touched.push(key);
+            if !pending.touched.contains(&key) {
+                pending.touched.push(key);
+            }
         }
+        pending
+    }
 
+    /// The first half of a stream's close: forgets the stream.
+    pub fn leave(&self, stream: StreamId) -> Pending {
+        let mut inner = self.inner.lock();
+        let Inner {
+            streams, buckets, ..
+        } = &mut *inner;
+        let keys: Vec<BucketKey> = streams
+            .remove(&stream)
+            .map(|keys| keys.into_iter().collect())
+            .unwrap_or_default();
+        for key in &keys {
+            if let Some(bucket) = buckets.get_mut(key) {
+                bucket.streams.remove(&stream);
+            }
+        }
+        self.metrics.streams.set(streams.len() as i64);
+        Pending {
+            stream,
+            gone: keys.iter().map(|k| (k.clone(), stream)).collect(),
+            touched: keys,
+            own: Vec::new(),
+        }
+    }
+
+    /// What this replica shares with the others for the buckets `pending`
+    /// touches: each local stream's demand, and the streams that left.
+    pub fn published(&self, pending: &Pending) -> Vec<Published> {
+        let inner = self.inner.lock();
+        pending
+            .touched
+            .iter()
+            .map(|key| Published {
+                key: key.clone(),
+                demands: inner.buckets.get(key).map_or_else(Vec::new, |b| {
+                    b.streams
+                        .iter()
+                        .map(|(id, s)| (*id, s.demand.unwrap_or(0)))
+                        .collect()
+                }),
+                gone: pending
+                    .gone
+                    .iter()
+                    .filter(|(k, _)| k == key)
+                    .map(|(_, id)| *id)
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The second half: re-splits every touched bucket, counting `remote`
+    /// streams too, and returns what to send — to the reporting stream (if
+    /// still open) an assignment for every bucket it reported, which
+    /// refreshes the TTL, and to the other local streams any changed share.
+    pub fn finish(&self, pending: Pending, remote: &Remote) -> Outbox {
+        let rules = (self.rules)();
+        let mut inner = self.inner.lock();
+        let Inner {
+            streams, buckets, ..
+        } = &mut *inner;
+        let Pending {
+            stream,
+            touched,
+            mut own,
+            ..
+        } = pending;
+        let open = streams.contains_key(&stream);
         let mut out: HashMap<StreamId, Vec<Action>> = HashMap::new();
         for key in &touched {
+            if let (Some(bucket), Some(demands)) = (buckets.get_mut(key), remote.get(key)) {
+                bucket.remote.clone_from(demands);
+            }
             let changed = self.resplit(&rules, key, buckets);
             for (id, assignment) in changed {
                 if id != stream {
@@ -264,38 +390,9 @@ impl Rlqs {
         self.metrics.buckets.set(buckets.len() as i64);
         let mut outbox: Outbox = out.into_iter().collect();
         outbox.sort_by_key(|(id, _)| *id);
-        if !own.is_empty() {
+        if open && !own.is_empty() {
             outbox.push((stream, own));
         }
-        outbox
-    }
-
-    /// Drops a closed stream and re-splits its buckets between the others;
-    /// returns their changed shares.
-    pub fn close(&self, stream: StreamId) -> Outbox {
-        let rules = (self.rules)();
-        let mut inner = self.inner.lock();
-        let Inner {
-            streams, buckets, ..
-        } = &mut *inner;
-        let Some(keys) = streams.remove(&stream) else {
-            return Vec::new();
-        };
-        let mut out: HashMap<StreamId, Vec<Action>> = HashMap::new();
-        for key in keys {
-            if let Some(bucket) = buckets.get_mut(&key) {
-                bucket.streams.remove(&stream);
-            }
-            for (id, assignment) in self.resplit(&rules, &key, buckets) {
-                out.entry(id)
-                    .or_default()
-                    .push(Action::Assign(key.clone(), assignment));
-            }
-        }
-        self.metrics.streams.set(streams.len() as i64);
-        self.metrics.buckets.set(buckets.len() as i64);
-        let mut outbox: Outbox = out.into_iter().collect();
-        outbox.sort_by_key(|(id, _)| *id);
         outbox
     }
 
@@ -322,7 +419,7 @@ impl Rlqs {
             }
             Policy::Budget(budget) => {
                 bucket.budget = Some(budget);
-                split(&budget, bucket.streams.values())
+                split(&budget, bucket.streams.values(), &bucket.remote)
             }
         };
         let mut changed = Vec::new();
@@ -337,6 +434,7 @@ impl Rlqs {
             .streams
             .values()
             .map(|s| s.demand.unwrap_or(0))
+            .chain(bucket.remote.iter().copied())
             .fold(0, u64::saturating_add);
         self.metrics
             .record_bucket(key, demand, bucket.budget.as_ref());
@@ -366,6 +464,10 @@ impl Rlqs {
                         assignment: s.assigned,
                     })
                     .collect(),
+                other_replicas: OtherReplicas {
+                    streams: bucket.remote.len(),
+                    demand_per_second: bucket.remote.iter().map(|d| *d as f64).sum::<f64>() / 1e6,
+                },
             })
             .collect();
         views.sort_by(|a, b| (&a.domain, &a.bucket).cmp(&(&b.domain, &b.bucket)));
@@ -373,9 +475,16 @@ impl Rlqs {
     }
 }
 
-/// The split of `budget` between these streams, by their demand, damped.
-fn split<'a>(budget: &Budget, streams: impl Iterator<Item = &'a StreamBucket>) -> Vec<Assignment> {
-    let (demands, current): (Vec<u64>, Vec<Option<u64>>) = streams
+/// The split of `budget` between these local streams and the `remote`
+/// ones (their demands), by demand, damped. Local streams share at most
+/// their targets plus their part of what rounding left over, so the
+/// replicas' splits together stay within the budget.
+fn split<'a>(
+    budget: &Budget,
+    streams: impl Iterator<Item = &'a StreamBucket>,
+    remote: &[u64],
+) -> Vec<Assignment> {
+    let (mut demands, current): (Vec<u64>, Vec<Option<u64>>) = streams
         .map(|s| {
             let current = match s.assigned {
                 Some(Assignment::DenyAll) => Some(0),
@@ -388,8 +497,11 @@ fn split<'a>(budget: &Budget, streams: impl Iterator<Item = &'a StreamBucket>) -
             (budget.tokens_of(s.demand.unwrap_or(0)), current)
         })
         .unzip();
+    let local = demands.len();
+    demands.extend(remote.iter().map(|d| budget.tokens_of(*d)));
     let targets = alloc::targets(budget.tokens, &demands);
-    alloc::damp(budget.tokens, budget.dead_band(), &current, &targets)
+    let cap = alloc::local_cap(budget.tokens, &targets, local);
+    alloc::damp(cap, budget.dead_band(), &current, &targets[..local])
         .into_iter()
         .map(|share| match u32::try_from(share) {
             Ok(0) => Assignment::DenyAll,
@@ -437,8 +549,19 @@ pub struct BucketView {
     pub bucket: BTreeMap<String, String>,
     /// The global budget; absent when the bucket is allow-all.
     pub budget: Option<BudgetView>,
-    /// Every stream reporting the bucket.
+    /// Every stream of this replica reporting the bucket.
     pub streams: Vec<StreamView>,
+    /// The streams other replicas hold (Redis mode), as last heard.
+    pub other_replicas: OtherReplicas,
+}
+
+/// Other replicas' streams of a bucket on the admin page.
+#[derive(Debug, Serialize)]
+pub struct OtherReplicas {
+    /// How many.
+    pub streams: usize,
+    /// Their smoothed demand together.
+    pub demand_per_second: f64,
 }
 
 /// A budget on the admin page.
