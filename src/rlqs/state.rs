@@ -169,6 +169,9 @@ struct Bucket {
     budget: Option<Budget>,
     /// Demands of the streams other replicas hold (empty in memory mode).
     remote: Vec<u64>,
+    /// Assignments changed since the bucket appeared: each hands an Envoy
+    /// a full bucket, a term of the over-admission bound.
+    changes: u64,
 }
 
 /// One bucket as one stream reports it.
@@ -426,6 +429,7 @@ impl Rlqs {
         for ((id, entry), assignment) in bucket.streams.iter_mut().zip(new) {
             if entry.assigned != Some(assignment) {
                 entry.assigned = Some(assignment);
+                bucket.changes += 1;
                 self.metrics.record_assignment(&assignment);
                 changed.push((*id, assignment));
             }
@@ -464,6 +468,7 @@ impl Rlqs {
                         assignment: s.assigned,
                     })
                     .collect(),
+                assignments_changed: bucket.changes,
                 other_replicas: OtherReplicas {
                     streams: bucket.remote.len(),
                     demand_per_second: bucket.remote.iter().map(|d| *d as f64).sum::<f64>() / 1e6,
@@ -551,6 +556,8 @@ pub struct BucketView {
     pub budget: Option<BudgetView>,
     /// Every stream of this replica reporting the bucket.
     pub streams: Vec<StreamView>,
+    /// Assignments this replica changed for the bucket since it appeared.
+    pub assignments_changed: u64,
     /// The streams other replicas hold (Redis mode), as last heard.
     pub other_replicas: OtherReplicas,
 }
@@ -582,4 +589,77 @@ pub struct StreamView {
     pub demand_per_second: f64,
     /// What it was last assigned.
     pub assignment: Option<Assignment>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rlqs() -> Rlqs {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rules.yaml");
+        std::fs::write(
+            &path,
+            "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 120}\n",
+        )
+        .expect("write rules");
+        let rules = Arc::new(crate::rules::load_paths(&[path]).expect("valid rules"));
+        Rlqs::new(move || rules.clone())
+    }
+
+    fn usage(tenant: &str, allowed: u64) -> Usage {
+        Usage {
+            entries: vec![("tenant".into(), tenant.into())],
+            allowed,
+            denied: 0,
+        }
+    }
+
+    #[test]
+    fn streams_past_the_cap_are_refused_until_one_closes() {
+        let rlqs = rlqs();
+        let ids: Vec<StreamId> = (0..MAX_STREAMS)
+            .map(|_| rlqs.open().expect("under the cap"))
+            .collect();
+        assert_eq!(rlqs.open(), Err(TooManyStreams));
+        rlqs.close(ids[0]);
+        assert!(rlqs.open().is_ok());
+    }
+
+    #[test]
+    fn envoys_coming_and_going_leave_no_state_behind() {
+        let rlqs = rlqs();
+        for round in 0..100u64 {
+            let (a, b) = (rlqs.open().unwrap(), rlqs.open().unwrap());
+            let tenant = format!("t{round}");
+            rlqs.report(a, "d", vec![usage(&tenant, 3)], round * 5_000);
+            rlqs.report(
+                b,
+                "d",
+                vec![usage(&tenant, 1), usage("shared", 1)],
+                round * 5_000,
+            );
+            rlqs.close(a);
+            rlqs.close(b);
+        }
+        assert!(rlqs.snapshot().is_empty());
+        assert!(rlqs.inner.lock().streams.is_empty());
+    }
+
+    #[test]
+    fn the_reporting_stream_is_answered_and_others_get_only_changes() {
+        let rlqs = rlqs();
+        let (a, b) = (rlqs.open().unwrap(), rlqs.open().unwrap());
+        let out = rlqs.report(a, "d", vec![usage("x", 1)], 0);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, a);
+        // B joins: A is cut (pushed), B answered.
+        let out = rlqs.report(b, "d", vec![usage("x", 1)], 0);
+        let streams: Vec<StreamId> = out.iter().map(|(id, _)| *id).collect();
+        assert_eq!(streams, vec![a, b]);
+        // B reports the same again: only B is answered (A's share holds).
+        let out = rlqs.report(b, "d", vec![usage("x", 1)], 5_000);
+        let streams: Vec<StreamId> = out.iter().map(|(id, _)| *id).collect();
+        assert_eq!(streams, vec![b]);
+    }
 }
