@@ -425,3 +425,41 @@ async fn admin_page(server: &Server) -> serde_json::Value {
     assert_eq!(status, 200);
     serde_json::from_str(&body).expect("JSON")
 }
+
+#[tokio::test]
+async fn reflection_lists_the_quota_service_beside_rls() {
+    use tokio_stream::StreamExt as _;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
+
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    let channel = tonic::transport::Endpoint::from_shared(server.uri())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut replies = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply: ServerReflectionResponse = replies.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+        panic!("unexpected reply {reply:?}")
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for name in [
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ] {
+        assert!(names.contains(&name.to_string()), "{names:?}");
+    }
+    server.stop().await;
+}
