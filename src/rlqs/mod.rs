@@ -37,7 +37,9 @@
 //!
 //! - a rule with limits: a token-bucket share of the tightest of its limits
 //!   (the one with the lowest rate) — the rule's limit is the global budget
-//!   of the bucket, shared by every Envoy reporting it;
+//!   of the bucket, shared by every Envoy reporting it (only the rate
+//!   carries over: not the algorithm, `burst` or window alignment;
+//!   `quota_mode` is enforced like any rule);
 //! - `unlimited`, a whitelisted value (a value rule without a limit), a
 //!   `shadow_mode` rule, no matching rule, or an unknown domain: `ALLOW_ALL`.
 //!   This is RLS's answer for the same descriptor (OK), so a descriptor means
@@ -83,8 +85,9 @@
 //! **Damping.** Every changed parameter hands Envoy a new, full bucket, so
 //! shares must not flap. A recomputed share replaces the current one only if
 //! it moved by more than a dead band of `B / 20` tokens; if keeping the old
-//! shares would put the total above `B`, every stream above its new share is
-//! cut to it (cuts are pushed at once; raises may wait). `max_tokens` is 3:
+//! shares would put the total above `B` (with Redis: above this replica's
+//! cap, see below), every stream above its new share is cut to it; changed
+//! shares of other streams are pushed to them at once. `max_tokens` is 3:
 //! `1` under-admits with discrete arrivals, and each change costs at most
 //! `max_tokens` extra requests. A share of 0 (more streams than tokens) is
 //! `DENY_ALL`.
