@@ -363,9 +363,13 @@ async fn the_admin_page_shows_assignments_per_bucket() {
 }
 
 async fn redis_replica(redis: &RedisServer) -> Server {
+    replica_on(&redis.url()).await
+}
+
+async fn replica_on(url: &str) -> Server {
     let clock = Arc::new(ManualClock::new(support::T0));
     let store = support::redis_store(
-        &redis.url(),
+        url,
         clock.clone(),
         TimeSource::Redis,
         Duration::from_secs(1),
@@ -377,7 +381,16 @@ async fn redis_replica(redis: &RedisServer) -> Server {
 #[tokio::test]
 async fn replicas_sharing_redis_split_one_budget_between_their_streams() {
     let redis = RedisServer::start();
-    let (one, two) = (redis_replica(&redis).await, redis_replica(&redis).await);
+    replicas_split_one_budget(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn replicas_sharing_redis_cluster_split_one_budget_between_their_streams() {
+    replicas_split_one_budget(&support::redis::shared_cluster().url()).await;
+}
+
+async fn replicas_split_one_budget(url: &str) {
+    let (one, two) = (replica_on(url).await, replica_on(url).await);
     let mut a = Envoy::connect(&one).await;
     let mut b = Envoy::connect(&two).await;
     // Steady demands from the first report on: A offers 3/s, B 0.2/s.
@@ -462,4 +475,30 @@ async fn reflection_lists_the_quota_service_beside_rls() {
         assert!(names.contains(&name.to_string()), "{names:?}");
     }
     server.stop().await;
+}
+
+#[tokio::test]
+async fn with_redis_down_a_replica_answers_from_what_it_last_heard() {
+    let mut redis = RedisServer::start();
+    let (one, two) = (redis_replica(&redis).await, redis_replica(&redis).await);
+    let mut a = Envoy::connect(&one).await;
+    let mut b = Envoy::connect(&two).await;
+    a.report(0, &[("hot", 15, 0)]).await;
+    a.next().await;
+    b.report(0, &[("hot", 1, 0)]).await;
+    let share_b = b.next().await["hot"].tokens();
+    assert!(share_b < 20, "{share_b}");
+
+    // Redis gone: B's reports are still answered (the stream never fails
+    // for it), and B keeps counting A's last known demand, so it does not
+    // grab the whole budget.
+    redis.stop();
+    for _ in 0..2 {
+        b.report(5, &[("hot", 1, 0)]).await;
+        let share = b.next().await["hot"].tokens();
+        assert!(share < 20, "B forgot A while Redis was down: {share}");
+    }
+    drop((a, b));
+    one.stop().await;
+    two.stop().await;
 }
