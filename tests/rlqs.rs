@@ -382,6 +382,22 @@ async fn replica_on(url: &str) -> Server {
 async fn replicas_sharing_redis_split_one_budget_between_their_streams() {
     let redis = RedisServer::start();
     replicas_split_one_budget(&redis.url()).await;
+    // Every stream closed: their fields were deleted and the hash with its
+    // last field, so Envoys coming and going leave nothing in Redis. (The
+    // closes run on the streams' own tasks: polled, with a deadline.)
+    let port = redis.port();
+    let deadline = std::time::Instant::now() + GUARD;
+    loop {
+        let keys = support::redis::query(port, &["KEYS", "sluice:rlqs:*"]);
+        if keys.items().is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "RLQS hashes left in Redis: {keys}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
