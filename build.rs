@@ -1,11 +1,14 @@
-//! Compiles the trimmed Envoy RLS protos in `proto/` with `protox` (a pure-Rust
+//! Compiles the trimmed Envoy RLS and RLQS protos in `proto/` with `protox` (a pure-Rust
 //! protobuf compiler, so no system `protoc` is needed) and generates the tonic
 //! server and client. The encoded descriptor set is written next to the code for
 //! gRPC server reflection.
 
 use std::{env, fs, path::PathBuf};
 
-const PROTOS: &[&str] = &["envoy/service/ratelimit/v3/rls.proto"];
+const PROTOS: &[&str] = &[
+    "envoy/service/ratelimit/v3/rls.proto",
+    "envoy/service/rate_limit_quota/v3/rlqs.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");

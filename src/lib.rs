@@ -14,6 +14,9 @@
 //!   known full without calling the store, exactly as the store would;
 //! - [`limiter`] is the pure core: the algorithms as functions of explicit
 //!   time, the clock, and the injective counter keys;
+//! - [`rlqs`] is the Rate Limit Quota Service: Envoys report usage per
+//!   bucket on a stream and get a demand-weighted share of the rule's
+//!   budget to enforce locally; it reads the rules and stays off the RLS path;
 //! - [`reload`] watches the rules files (and SIGHUP) and reloads them,
 //!   keeping the rules in force when a reload fails;
 //! - [`settings`], [`cli`], [`query`], [`bench`], [`telemetry`] and
@@ -37,6 +40,7 @@ pub mod proto;
 pub mod query;
 pub mod reload;
 pub mod request;
+pub mod rlqs;
 #[allow(missing_docs)]
 pub mod rules;
 pub mod server;

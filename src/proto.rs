@@ -1,4 +1,5 @@
-//! Generated protobuf and gRPC code for Envoy's RLS v3 API, and nothing else.
+//! Generated protobuf and gRPC code for Envoy's RLS v3 and RLQS v3 APIs, and
+//! nothing else.
 //!
 //! The modules mirror the protobuf packages because the generated code refers
 //! across packages by relative path. The rest of the crate uses the short
@@ -12,6 +13,11 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
     }
@@ -46,6 +52,12 @@ pub use envoy::service::ratelimit::v3::{
     rate_limit_service_server::{RateLimitService, RateLimitServiceServer},
 };
 pub use envoy::r#type::v3::RateLimitUnit;
+
+/// The Rate Limit Quota Service (RLQS) types, used only by `rlqs::service`.
+pub mod rlqs {
+    pub use super::envoy::service::rate_limit_quota::v3::*;
+    pub use super::envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};
+}
 
 /// Fully qualified name of the gRPC service, as health checks and Envoy name it.
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";

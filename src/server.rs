@@ -122,6 +122,7 @@ pub async fn run<S: CounterStore>(
             let _ = s.set_nodelay(true);
         })
     });
+    let (rlqs, rlqs_admin) = crate::rlqs::serve(&limiter, closing.clone());
     let grpc = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection().build_v1()?)
@@ -130,10 +131,11 @@ pub async fn run<S: CounterStore>(
             limiter.clone(),
             options.headers,
         )))
+        .add_service(rlqs)
         .serve_with_incoming_shutdown(incoming, closing.clone().cancelled_owned());
     let admin = axum::serve(
         listeners.http,
-        crate::admin::router(limiter, options.headers, shutdown.clone()),
+        crate::admin::router(limiter, options.headers, shutdown.clone()).merge(rlqs_admin),
     )
     .with_graceful_shutdown(closing.clone().cancelled_owned());
     let serving = async {

@@ -1,0 +1,114 @@
+//! Demand shared between replicas through Redis, so that each replica
+//! splits a bucket's budget over every Envoy's stream, not only its own.
+//!
+//! Per bucket one hash (`share.lua` documents it): a field per stream of
+//! every replica, holding its smoothed demand and an expiry three report
+//! intervals ahead. At each report a replica writes its streams' demand
+//! for the bucket and reads everyone's back in the same script call. This
+//! uses the RLS store's connection pool (the one other user of fred besides
+//! `store/redis.rs`); a failed call leaves the replica with what it last
+//! heard, logged, and never fails the stream.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use fred::interfaces::LuaInterface;
+use fred::types::Value;
+use sha2::{Digest, Sha256};
+
+use super::alloc::REPORT_INTERVAL_MS;
+use super::state::{BucketKey, Published, Remote};
+
+const SHARE: &str = include_str!("share.lua");
+
+/// A stream's field lives this long without a refresh: three reports.
+pub const FIELD_TTL_MS: u64 = 3 * REPORT_INTERVAL_MS;
+
+/// The longest wait for one exchange; past it the replica goes on alone.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Key prefix of the RLQS hashes.
+const PREFIX: &str = "sluice:rlqs:";
+
+/// This replica's side of the shared demand.
+pub struct RedisBoard {
+    pool: fred::clients::Pool,
+    /// Random per process: a restarted replica's streams are new streams.
+    replica: String,
+}
+
+impl RedisBoard {
+    /// A board over `pool`, with a fresh replica id.
+    pub fn new(pool: fred::clients::Pool) -> Self {
+        Self {
+            pool,
+            replica: format!("{:016x}", rand::random::<u64>()),
+        }
+    }
+
+    /// Writes this replica's demand for each bucket and returns the other
+    /// replicas' streams' demand; buckets whose call failed are left out.
+    pub async fn exchange(&self, published: Vec<Published>) -> Remote {
+        let calls = published.into_iter().map(|p| async move {
+            let result = tokio::time::timeout(TIMEOUT, self.share(&p)).await;
+            match result {
+                Ok(Ok(remote)) => Some((p.key, remote)),
+                Ok(Err(error)) => {
+                    tracing::warn!(bucket = %p.key.label(), %error, "RLQS: sharing demand through Redis failed; this replica's view only");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(bucket = %p.key.label(), "RLQS: sharing demand through Redis timed out; this replica's view only");
+                    None
+                }
+            }
+        });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .collect::<HashMap<_, _>>()
+    }
+
+    async fn share(&self, published: &Published) -> Result<Vec<u64>, fred::error::Error> {
+        let mut args: Vec<Value> = vec![
+            Value::from(FIELD_TTL_MS as i64),
+            Value::from(published.demands.len() as i64),
+        ];
+        for (stream, demand) in &published.demands {
+            args.push(Value::from(self.field(*stream)));
+            args.push(Value::from(demand.to_string()));
+        }
+        args.extend(published.gone.iter().map(|s| Value::from(self.field(*s))));
+        let reply: Vec<String> = self
+            .pool
+            .next_connected()
+            .eval(SHARE, vec![key(&published.key)], args)
+            .await?;
+        let mine = format!("{}:", self.replica);
+        Ok(reply
+            .chunks(2)
+            .filter(|pair| pair.len() == 2 && !pair[0].starts_with(&mine))
+            .filter_map(|pair| pair[1].parse().ok())
+            .collect())
+    }
+
+    fn field(&self, stream: u64) -> String {
+        format!("{}:{stream}", self.replica)
+    }
+}
+
+/// The bucket's hash: a digest of the JSON array `[domain, [[k, v], …]]`,
+/// an injective encoding, so no two buckets share a key whatever their
+/// strings contain, and the key's length is bounded.
+fn key(bucket: &BucketKey) -> String {
+    let encoded = serde_json::json!([bucket.domain, bucket.entries]).to_string();
+    let digest = Sha256::digest(encoded.as_bytes());
+    let mut key = String::with_capacity(PREFIX.len() + 64);
+    key.push_str(PREFIX);
+    for byte in digest {
+        let _ = write!(key, "{byte:02x}");
+    }
+    key
+}
