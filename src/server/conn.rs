@@ -176,6 +176,11 @@ async fn drive<C: Served>(
         let grace = tokio::select! {
             result = &mut connection => {
                 if let Err(e) = result {
+                    // hyper's own header read timeout, as long as ours,
+                    // may close a silent HTTP/1 connection first.
+                    if e.is_timeout() && !handshake_checked {
+                        listener.counters.handshake_timeout.inc();
+                    }
                     tracing::debug!(listener = listener.name, error = %e, "connection ended with an error");
                 }
                 return;

@@ -161,29 +161,30 @@ impl GrpcRequests {
     fn classify(&self, mut response: Response<Body>, rls: bool) -> Response<Body> {
         // A handler's answer carries its status in trailers, not headers:
         // only refusals made before the handler get this far.
-        let Some(code) = response.headers().get("grpc-status") else {
+        if !response.headers().contains_key("grpc-status") {
+            return response;
+        }
+        let Some(status) = tonic::Status::from_header_map(response.headers()) else {
             return response;
         };
-        let message = response
-            .headers()
-            .get("grpc-message")
-            .map_or(&b""[..], HeaderValue::as_bytes);
-        let code = code.as_bytes();
-        let status = if code == b"13" && DECODE_ERRORS.iter().any(|e| message.starts_with(e)) {
-            self.invalid.decode.inc();
-            if rls {
-                self.invalid.rls_invalid_argument.inc();
+        let message = status.message().as_bytes();
+        let code = match status.code() {
+            tonic::Code::Internal if DECODE_ERRORS.iter().any(|e| message.starts_with(e)) => {
+                self.invalid.decode.inc();
+                if rls {
+                    self.invalid.rls_invalid_argument.inc();
+                }
+                tonic::Code::InvalidArgument
             }
-            tonic::Code::InvalidArgument
-        } else if code == b"11" && message.starts_with(TOO_LARGE) {
-            self.invalid.too_large.inc();
-            tonic::Code::ResourceExhausted
-        } else {
-            return response;
+            tonic::Code::OutOfRange if message.starts_with(TOO_LARGE) => {
+                self.invalid.too_large.inc();
+                tonic::Code::ResourceExhausted
+            }
+            _ => return response,
         };
         response
             .headers_mut()
-            .insert("grpc-status", HeaderValue::from(status as i32));
+            .insert("grpc-status", HeaderValue::from(code as i32));
         response
     }
 }
