@@ -12,16 +12,14 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
 
 use crate::decision::Limiter;
 use crate::headers::HeaderMode;
-use crate::proto as pb;
 use crate::store::CounterStore;
 
 mod conn;
 mod grpc;
+mod health;
 mod http;
 
 pub use conn::ConnLimits;
@@ -99,16 +97,8 @@ impl Default for ServeOptions {
     }
 }
 
-/// Health service names: the standard empty name, the RLS service's full
-/// name, and `ratelimit`, the name envoyproxy/ratelimit uses.
-const HEALTH_NAMES: [&str; 3] = ["", pb::SERVICE_NAME, "ratelimit"];
-
-/// How often gRPC health looks at readiness. A store outage shows within
-/// this, and looking is cheap (no call to the store).
-const READINESS_POLL: Duration = Duration::from_millis(250);
-
 /// Whether the service should take traffic; if not, why. The one answer
-/// behind both `/readyz` and gRPC health.
+/// behind both `/readyz` and gRPC health (`health.rs`).
 pub fn readiness<S: CounterStore>(
     limiter: &Limiter<S>,
     shutdown: &CancellationToken,
@@ -131,14 +121,7 @@ pub async fn run<S: CounterStore>(
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    let serving = report_health(&limiter, &shutdown, &reporter, None).await;
-    tokio::spawn(watch_health(
-        limiter.clone(),
-        shutdown.clone(),
-        reporter,
-        serving,
-    ));
+    let health = health::service(limiter.clone(), shutdown.clone());
     let routes = grpc::routes(
         limiter.clone(),
         options.headers,
@@ -213,52 +196,4 @@ pub async fn run<S: CounterStore>(
         }
     }
     Ok(())
-}
-
-/// Keeps gRPC health equal to [`readiness`]: looks every
-/// [`READINESS_POLL`] and at once on shutdown, and changes the statuses
-/// (which `Watch` streams then receive) only when readiness changes.
-async fn watch_health<S: CounterStore>(
-    limiter: Arc<Limiter<S>>,
-    shutdown: CancellationToken,
-    reporter: HealthReporter,
-    mut serving: bool,
-) {
-    let mut tick = tokio::time::interval(READINESS_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    while !shutdown.is_cancelled() {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = shutdown.cancelled() => {}
-        }
-        serving = report_health(&limiter, &shutdown, &reporter, Some(serving)).await;
-    }
-}
-
-/// Sets every health name to SERVING or NOT_SERVING from [`readiness`] if
-/// that differs from `was`; returns whether serving.
-async fn report_health<S: CounterStore>(
-    limiter: &Limiter<S>,
-    shutdown: &CancellationToken,
-    reporter: &HealthReporter,
-    was: Option<bool>,
-) -> bool {
-    let ready = readiness(limiter, shutdown);
-    let serving = ready.is_ok();
-    if was != Some(serving) {
-        let status = if serving {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
-        match (was, ready) {
-            (None, _) => {}
-            (Some(_), Ok(())) => tracing::info!("ready again: health is SERVING"),
-            (Some(_), Err(why)) => tracing::warn!(why, "not ready: health is NOT_SERVING"),
-        }
-        for name in HEALTH_NAMES {
-            reporter.set_service_status(name, status).await;
-        }
-    }
-    serving
 }
