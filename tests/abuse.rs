@@ -659,3 +659,79 @@ async fn never_finished_large_messages_do_not_grow_memory() {
         .expect("a decision after the attack");
     drop(process);
 }
+
+/// `sluice serve` started by a shell with `ulimit -n` set to `open_files`:
+/// the process and its gRPC and HTTP addresses.
+fn start_binary_with_open_files(open_files: u32) -> (support::Process, SocketAddr, SocketAddr) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n {open_files} && exec \"$0\" serve --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0"
+        ))
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sluice");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let process = support::Process(child);
+    let address = |line: &str, key: &str| -> SocketAddr {
+        let at = line.find(key).expect("address logged") + key.len();
+        line[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    for line in lines.by_ref() {
+        let line = line.expect("read log");
+        if line.contains("grpc=") {
+            let (grpc, http) = (address(&line, "grpc="), address(&line, "http="));
+            std::thread::spawn(move || lines.for_each(drop));
+            return (process, grpc, http);
+        }
+    }
+    panic!("sluice exited before listening");
+}
+
+/// The issue's file-descriptor exhaustion: with 256 open files, 300 silent
+/// gRPC connections made new clients time out and `/healthz` fail. The
+/// caps now fit the limit, so gRPC refuses the excess and the admin port,
+/// with its own share, still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_cannot_exhaust_file_descriptors() {
+    let (process, grpc, http) = start_binary_with_open_files(256);
+    let mut silent = Vec::new();
+    for _ in 0..300 {
+        silent.push(TcpStream::connect(grpc).await.expect("connect"));
+    }
+    let (status, body) =
+        tokio::task::spawn_blocking(move || support::http(http, "GET", "/healthz", ""))
+            .await
+            .unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    // The excess is refused, not left waiting (the accept loop may still be
+    // working through the backlog: poll).
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let text =
+            tokio::task::spawn_blocking(move || support::http(http, "GET", "/metrics", "").1)
+                .await
+                .unwrap();
+        let refused: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(r#"sluice_connections_refused_total{listener="grpc"} "#))
+            .and_then(|v| v.parse().ok())
+            .expect("the refusal series");
+        if refused > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nothing refused\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(silent);
+    drop(process);
+}
