@@ -692,6 +692,33 @@ mod tests {
     }
 
     #[test]
+    fn connection_settings_reach_the_listeners() {
+        let s = Settings::load_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[
+                ("SLUICE_GRPC_MAX_CONNECTIONS", "7"),
+                ("SLUICE_MAX_CONNECTION_AGE_MS", "0"),
+                ("SLUICE_GRPC_MAX_REQUEST_BYTES", "1024"),
+                ("SLUICE_IDLE_TIMEOUT_MS", "2000"),
+            ]),
+        )
+        .unwrap();
+        let options = s.serve_options();
+        assert_eq!(options.grpc_connections.max_connections, 7);
+        assert_eq!(options.grpc_connections.max_age, None, "0 turns it off");
+        assert_eq!(options.grpc.max_request_bytes, 1024);
+        assert_eq!(
+            options.http_connections.idle_timeout,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            Settings::default().serve_options().grpc_connections.max_age,
+            Some(Duration::from_secs(1_800))
+        );
+    }
+
+    #[test]
     fn bad_values_are_errors() {
         let err = Settings::load_from(
             None,
