@@ -135,20 +135,21 @@ impl GrpcRequests {
             return not_grpc();
         }
         let rls = request.uri().path() == RLS_PATH;
+        // The client's own deadline, when shorter, as tonic's server did.
+        let timeout = grpc_timeout(request.headers()).map_or(self.timeout, |t| t.min(self.timeout));
         let routes = &mut self.routes;
         let call = async move {
             let request = request.map(Body::new);
             poll_fn(|cx| Service::<Request<Body>>::poll_ready(routes, cx)).await?;
             routes.call(request).await
         };
-        let response = match tokio::time::timeout(self.timeout, call).await {
+        let response = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(response)) => response,
             Ok(Err(never)) => match never {},
             Err(_) => {
                 self.invalid.timeout.inc();
                 return tonic::Status::deadline_exceeded(format!(
-                    "the request did not arrive and get an answer within {:?}",
-                    self.timeout
+                    "the request did not arrive and get an answer within {timeout:?}"
                 ))
                 .into_http();
             }
@@ -202,6 +203,26 @@ impl hyper::service::Service<Request<Incoming>> for GrpcRequests {
             Ok(response.map(|body| CountedBody::new(body, in_flight)))
         })
     }
+}
+
+/// The `grpc-timeout` header: at most 8 digits and a unit (`H`, `M`, `S`,
+/// `m`, `u`, `n`); `None` when absent or malformed.
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3_600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// Whether the content-type is gRPC with protobuf messages, the only
@@ -286,6 +307,22 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::CONTENT_TYPE, value.parse().unwrap());
         headers
+    }
+
+    #[test]
+    fn grpc_timeout_headers_are_read_or_ignored() {
+        let timeout = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("grpc-timeout", value.parse().unwrap());
+            grpc_timeout(&headers)
+        };
+        assert_eq!(timeout("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(timeout("1H"), Some(Duration::from_secs(3_600)));
+        assert_eq!(timeout("5u"), Some(Duration::from_micros(5)));
+        for bad in ["", "m", "20", "20x", "123456789S", "-1S"] {
+            assert_eq!(timeout(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&HeaderMap::new()), None);
     }
 
     #[test]
