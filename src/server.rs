@@ -177,6 +177,7 @@ pub async fn run<S: CounterStore>(
             shutdown_grace: options.shutdown_grace,
         },
         closing.clone(),
+        // One request deadline for both ports (`request_timeout_ms`).
         |io, activity| {
             let requests =
                 http::HttpRequests::new(router.clone(), options.grpc.request_timeout, activity);
