@@ -54,20 +54,13 @@ pub fn router<S: CounterStore>(
 }
 
 async fn readyz<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response {
-    if admin.shutdown.is_cancelled() {
-        (
+    match crate::server::readiness(&admin.limiter, &admin.shutdown) {
+        Ok(()) => "ready\n".into_response(),
+        Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: shutting down\n",
+            format!("not ready: {why}\n"),
         )
-            .into_response()
-    } else if !admin.limiter.store().is_ready() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: counter store unreachable\n",
-        )
-            .into_response()
-    } else {
-        "ready\n".into_response()
+            .into_response(),
     }
 }
 

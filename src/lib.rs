@@ -2,7 +2,8 @@
 //!
 //! A map of the crate, from the wire inwards:
 //!
-//! - [`server`] binds the gRPC and admin HTTP listeners and runs them;
+//! - [`server`] binds the gRPC and admin HTTP listeners and runs them,
+//!   bounding connections, streams, message sizes and request time;
 //! - [`service`] is the only place protobuf meets the domain: it converts a
 //!   `RateLimitRequest` into a [`request::Request`] and a
 //!   [`decision::Decision`] back into a `RateLimitResponse`;

@@ -164,13 +164,11 @@ async fn serve_with<S: CounterStore>(
     limiter.metrics().record_rules_loaded(unix_now());
     watch_rules(source, &limiter, &shutdown)?;
     started(&limiter);
-    server::run(
-        limiter.clone(),
-        settings.serve_options(),
-        listeners,
-        shutdown,
-    )
-    .await?;
+    let mut options = settings.serve_options();
+    if let Some(limit) = open_files_limit() {
+        fit_connections(&mut options, limit, settings.redis_pool_size);
+    }
+    server::run(limiter.clone(), options, listeners, shutdown).await?;
     Ok(limiter)
 }
 
@@ -195,6 +193,44 @@ fn watch_rules<S: CounterStore>(
     )
     .context("watching the rules for changes")?;
     Ok(())
+}
+
+/// File descriptors kept for everything but client connections: the
+/// listening sockets, Redis, the rules watcher, logs, the runtime.
+const RESERVED_FILES: u64 = 64;
+
+/// The soft limit on open files (`ulimit -n`), from `/proc/self/limits`.
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Lowers both connection caps, in proportion, when together they would
+/// not fit in `limit` open files: past the limit every accept fails, and a
+/// flood of connections on one port would also starve the other (the
+/// kubelet's probes included). A cap refuses clearly; EMFILE does not.
+fn fit_connections(options: &mut server::ServeOptions, limit: u64, redis_pool: usize) {
+    let available = limit.saturating_sub(RESERVED_FILES + redis_pool as u64);
+    let grpc = u64::from(options.grpc_connections.max_connections);
+    let http = u64::from(options.http_connections.max_connections);
+    if grpc + http <= available {
+        return;
+    }
+    let share = |cap: u64| u32::try_from((cap * available / (grpc + http)).max(1)).unwrap_or(1);
+    let (fitted_grpc, fitted_http) = (share(grpc), share(http));
+    tracing::warn!(
+        open_files_limit = limit,
+        grpc_max_connections = fitted_grpc,
+        http_max_connections = fitted_http,
+        "the connection limits do not fit the open-file limit; lowered them (raise ulimit -n to keep them)"
+    );
+    options.grpc_connections.max_connections = fitted_grpc;
+    options.http_connections.max_connections = fitted_http;
 }
 
 /// Seconds since the Unix epoch, for the rules-loaded metric.
@@ -289,4 +325,25 @@ fn bench(args: &sluice::bench::BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_caps_shrink_to_fit_the_open_file_limit() {
+        let mut options = server::ServeOptions::default();
+        fit_connections(&mut options, 256, 4);
+        let (grpc, http) = (
+            options.grpc_connections.max_connections,
+            options.http_connections.max_connections,
+        );
+        assert!(u64::from(grpc + http) <= 256 - RESERVED_FILES - 4);
+        assert!(grpc > http && http >= 1, "{grpc} {http}");
+
+        let mut roomy = server::ServeOptions::default();
+        fit_connections(&mut roomy, 1 << 20, 4);
+        assert_eq!(roomy.grpc_connections.max_connections, 10_000);
+    }
 }

@@ -1,6 +1,9 @@
 //! The listeners: gRPC (RLS, `grpc.health.v1`, reflection) and admin HTTP.
 //! `run` serves both until `shutdown` is cancelled; callers bind the sockets
-//! (tests bind `127.0.0.1:0`).
+//! (tests bind `127.0.0.1:0`). Each listener owns its accept loop
+//! (`conn`), which bounds connections; `grpc` and `http` serve one
+//! connection of each kind. gRPC health and `/readyz` give the same answer,
+//! [`readiness`].
 
 use std::io;
 use std::net::SocketAddr;
@@ -8,16 +11,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
-use tonic_health::ServingStatus;
 
 use crate::decision::Limiter;
 use crate::headers::HeaderMode;
-use crate::proto as pb;
-use crate::service::RateLimitService;
 use crate::store::CounterStore;
+
+mod conn;
+mod grpc;
+mod health;
+mod http;
+
+pub use conn::ConnLimits;
+pub use grpc::GrpcLimits;
 
 /// Both listening sockets.
 pub struct Listeners {
@@ -47,18 +53,12 @@ impl Listeners {
     }
 }
 
-/// Why serving stopped with an error.
+/// Why serving could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The gRPC server failed.
-    #[error("gRPC server: {0}")]
-    Grpc(#[from] tonic::transport::Error),
     /// The reflection descriptors could not be loaded.
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    /// The admin HTTP server failed.
-    #[error("admin HTTP server: {0}")]
-    Http(#[from] io::Error),
 }
 
 /// How the listeners behave.
@@ -72,11 +72,45 @@ pub struct ServeOptions {
     /// Then, how long in-flight requests and open streams may take before
     /// the server stops anyway.
     pub shutdown_grace: Duration,
+    /// Streams, message size and request deadline of the gRPC listener.
+    pub grpc: GrpcLimits,
+    /// Connections of the gRPC listener.
+    pub grpc_connections: ConnLimits,
+    /// Connections of the admin HTTP listener.
+    pub http_connections: ConnLimits,
 }
 
-/// Health service names reported SERVING: the standard empty name, the RLS
-/// service's full name, and `ratelimit`, the name envoyproxy/ratelimit uses.
-const HEALTH_NAMES: [&str; 3] = ["", pb::SERVICE_NAME, "ratelimit"];
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            headers: HeaderMode::Off,
+            shutdown_delay: Duration::ZERO,
+            shutdown_grace: Duration::from_secs(10),
+            grpc: GrpcLimits::default(),
+            grpc_connections: ConnLimits::default(),
+            http_connections: ConnLimits {
+                max_connections: 1_024,
+                max_age: None,
+                ..ConnLimits::default()
+            },
+        }
+    }
+}
+
+/// Whether the service should take traffic; if not, why. The one answer
+/// behind both `/readyz` and gRPC health (`health.rs`).
+pub fn readiness<S: CounterStore>(
+    limiter: &Limiter<S>,
+    shutdown: &CancellationToken,
+) -> Result<(), &'static str> {
+    if shutdown.is_cancelled() {
+        Err("shutting down")
+    } else if !limiter.store().is_ready() {
+        Err("counter store unreachable")
+    } else {
+        Ok(())
+    }
+}
 
 /// Serves until `shutdown` is cancelled; then turns health and readiness
 /// false, keeps serving for `options.shutdown_delay`, stops accepting, and
@@ -87,17 +121,13 @@ pub async fn run<S: CounterStore>(
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    for name in HEALTH_NAMES {
-        reporter
-            .set_service_status(name, ServingStatus::Serving)
-            .await;
-    }
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
+    let health = health::service(limiter.clone(), shutdown.clone());
+    let routes = grpc::routes(
+        limiter.clone(),
+        options.headers,
+        health,
+        options.grpc.max_request_bytes,
+    )?;
 
     // Shutdown in stages: health and readiness turn false at once, the
     // listeners keep serving for `shutdown_delay` (so load balancers and
@@ -107,42 +137,57 @@ pub async fn run<S: CounterStore>(
     let delay = options.shutdown_delay;
     tokio::spawn(async move {
         draining.cancelled().await;
-        for name in HEALTH_NAMES {
-            reporter
-                .set_service_status(name, ServingStatus::NotServing)
-                .await;
-        }
         tokio::time::sleep(delay).await;
         close.cancel();
     });
 
-    // Decisions are small and latency-bound: never let Nagle hold a reply back.
-    let incoming = TcpListenerStream::new(listeners.grpc).map(|stream| {
-        stream.inspect(|s| {
-            let _ = s.set_nodelay(true);
-        })
-    });
+    // RLQS beside RLS on the same port; its own state, off the RLS path.
     let (rlqs, rlqs_admin) = crate::rlqs::serve(&limiter, closing.clone());
-    let grpc = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(reflection().build_v1()?)
-        .add_service(reflection().build_v1alpha()?)
-        .add_service(pb::RateLimitServiceServer::new(RateLimitService::new(
-            limiter.clone(),
-            options.headers,
-        )))
-        .add_service(rlqs)
-        .serve_with_incoming_shutdown(incoming, closing.clone().cancelled_owned());
-    let admin = axum::serve(
+    let routes = routes.add_service(rlqs);
+    let metrics = limiter.metrics();
+    let invalid = Arc::new(metrics.invalid_request_counters());
+    let http2 = grpc::http2_builder(&options.grpc);
+    let grpc = conn::accept(
+        listeners.grpc,
+        conn::Listener {
+            name: "grpc",
+            limits: options.grpc_connections,
+            counters: metrics.connection_counters("grpc"),
+            refusal: conn::GRPC_REFUSAL,
+            // The HTTP/2 client preface.
+            handshake_bytes: 24,
+            shutdown_grace: options.shutdown_grace,
+        },
+        closing.clone(),
+        |io, activity| {
+            let requests =
+                grpc::GrpcRequests::new(routes.clone(), &options.grpc, invalid.clone(), activity);
+            grpc::serve(&http2, io, requests)
+        },
+    );
+    let router =
+        crate::admin::router(limiter.clone(), options.headers, shutdown.clone()).merge(rlqs_admin);
+    let http1 = http::http1_builder(options.http_connections.handshake_timeout);
+    let admin = conn::accept(
         listeners.http,
-        crate::admin::router(limiter, options.headers, shutdown.clone()).merge(rlqs_admin),
-    )
-    .with_graceful_shutdown(closing.clone().cancelled_owned());
-    let serving = async {
-        tokio::try_join!(async { grpc.await.map_err(ServeError::from) }, async {
-            admin.await.map_err(ServeError::from)
-        })
-    };
+        conn::Listener {
+            name: "http",
+            limits: options.http_connections,
+            counters: metrics.connection_counters("http"),
+            refusal: conn::HTTP_REFUSAL,
+            // Any part of a request head; hyper's header read timeout
+            // (the same length) then wants the rest.
+            handshake_bytes: 1,
+            shutdown_grace: options.shutdown_grace,
+        },
+        closing.clone(),
+        // One request deadline for both ports (`request_timeout_ms`).
+        |io, activity| {
+            let requests =
+                http::HttpRequests::new(router.clone(), options.grpc.request_timeout, activity);
+            http::serve(&http1, io, requests)
+        },
+    );
     // Long-lived streams (a health Watch, say) must not hold shutdown open
     // past the grace period: Kubernetes would kill the pod mid-flight anyway.
     let deadline = async {
@@ -150,7 +195,7 @@ pub async fn run<S: CounterStore>(
         tokio::time::sleep(options.shutdown_grace).await;
     };
     tokio::select! {
-        result = serving => { result?; }
+        ((), ()) = async { tokio::join!(grpc, admin) } => {}
         () = deadline => {
             tracing::warn!(grace = ?options.shutdown_grace, "connections still open after the shutdown grace period; stopping anyway");
         }

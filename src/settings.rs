@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use config::Source as _;
 use serde::{Deserialize, Serialize};
@@ -86,11 +87,35 @@ pub struct Settings {
     pub service_name: String,
     /// Entries of the local over-limit cache (Redis only); 0 turns it off.
     pub local_cache_size: usize,
+    /// Most gRPC connections open at once; more are refused.
+    pub grpc_max_connections: u32,
+    /// Most admin HTTP connections open at once; more are refused.
+    pub http_max_connections: u32,
+    /// How long a new connection (either port) may take to send its
+    /// handshake, in milliseconds.
+    pub handshake_timeout_ms: u64,
+    /// How long a connection (either port) may stay open with no request in
+    /// flight, in milliseconds.
+    pub idle_timeout_ms: u64,
+    /// After this long a gRPC connection is asked to go away (GOAWAY) so
+    /// clients rebalance, in milliseconds; 0 never.
+    pub max_connection_age_ms: u64,
+    /// Then, how long its requests in flight may take, in milliseconds.
+    pub max_connection_age_grace_ms: u64,
+    /// Most streams open at once on one gRPC connection.
+    pub grpc_max_concurrent_streams: u32,
+    /// Largest gRPC request message, in bytes.
+    pub grpc_max_request_bytes: usize,
+    /// How long a request (either port) may take to arrive and be answered,
+    /// in milliseconds.
+    pub request_timeout_ms: u64,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         let bounds = Bounds::default();
+        let serve = crate::server::ServeOptions::default();
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         Self {
             rules: None,
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
@@ -120,6 +145,15 @@ impl Default for Settings {
             otlp_endpoint: None,
             service_name: "sluice".into(),
             local_cache_size: 100_000,
+            grpc_max_connections: serve.grpc_connections.max_connections,
+            http_max_connections: serve.http_connections.max_connections,
+            handshake_timeout_ms: millis(serve.grpc_connections.handshake_timeout),
+            idle_timeout_ms: millis(serve.grpc_connections.idle_timeout),
+            max_connection_age_ms: 1_800_000,
+            max_connection_age_grace_ms: millis(serve.grpc_connections.max_age_grace),
+            grpc_max_concurrent_streams: serve.grpc.max_concurrent_streams,
+            grpc_max_request_bytes: serve.grpc.max_request_bytes,
+            request_timeout_ms: millis(serve.grpc.request_timeout),
         }
     }
 }
@@ -260,6 +294,54 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local_cache_size: Option<usize>,
+    /// Most gRPC connections open at once; beyond it a new connection gets
+    /// an HTTP/2 GOAWAY (REFUSED_STREAM) and is closed [default: 10000]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_max_connections: Option<u32>,
+    /// Most admin HTTP connections open at once; beyond it a new connection
+    /// gets a 503 and is closed [default: 1024]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_max_connections: Option<u32>,
+    /// A new connection on either port that has not sent its handshake
+    /// (the HTTP/2 preface, an HTTP request head) within this is closed, in
+    /// milliseconds [default: 10000]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handshake_timeout_ms: Option<u64>,
+    /// A connection on either port with no request in flight for this long
+    /// is closed, in milliseconds [default: 300000]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+    /// After this long (±10%) a gRPC connection gets a GOAWAY, so clients
+    /// reconnect and spread over new replicas, in milliseconds; 0 never
+    /// [default: 1800000]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connection_age_ms: Option<u64>,
+    /// Then, how long its requests in flight may take before it is closed,
+    /// in milliseconds [default: 30000]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connection_age_grace_ms: Option<u64>,
+    /// Most streams open at once on one gRPC connection (HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS) [default: 100]
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_max_concurrent_streams: Option<u32>,
+    /// Largest gRPC request message in bytes; larger ones are refused
+    /// RESOURCE_EXHAUSTED [default: 65536]
+    #[arg(long, value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_max_request_bytes: Option<usize>,
+    /// How long a request on either port may take to arrive and be
+    /// answered; past it gRPC answers DEADLINE_EXCEEDED and HTTP 408, in
+    /// milliseconds [default: 5000]
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_timeout_ms: Option<u64>,
 }
 
 /// A secret setting: its value never appears in `Debug` output (logs).
@@ -413,10 +495,30 @@ impl Settings {
 
     /// How the listeners behave.
     pub fn serve_options(&self) -> crate::server::ServeOptions {
+        use crate::server::{ConnLimits, GrpcLimits};
+        let connections = |max_connections: u32| ConnLimits {
+            // A listener that takes no connection at all serves nothing.
+            max_connections: max_connections.max(1),
+            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms.max(1)),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
+            max_age: None,
+            max_age_grace: Duration::from_millis(self.max_connection_age_grace_ms),
+        };
         crate::server::ServeOptions {
             headers: self.response_headers,
-            shutdown_delay: std::time::Duration::from_millis(self.shutdown_delay_ms),
-            shutdown_grace: std::time::Duration::from_millis(self.shutdown_grace_ms),
+            shutdown_delay: Duration::from_millis(self.shutdown_delay_ms),
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            grpc: GrpcLimits {
+                max_concurrent_streams: self.grpc_max_concurrent_streams.max(1),
+                max_request_bytes: self.grpc_max_request_bytes.max(1),
+                request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
+            },
+            grpc_connections: ConnLimits {
+                max_age: (self.max_connection_age_ms > 0)
+                    .then(|| Duration::from_millis(self.max_connection_age_ms)),
+                ..connections(self.grpc_max_connections)
+            },
+            http_connections: connections(self.http_max_connections),
         }
     }
 
@@ -639,6 +741,33 @@ mod tests {
         };
         let s = Settings::load_from(None, &flags, env(&[])).unwrap();
         assert_eq!(s.bounds().max_hits_addend, MAX_HITS);
+    }
+
+    #[test]
+    fn connection_settings_reach_the_listeners() {
+        let s = Settings::load_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[
+                ("SLUICE_GRPC_MAX_CONNECTIONS", "7"),
+                ("SLUICE_MAX_CONNECTION_AGE_MS", "0"),
+                ("SLUICE_GRPC_MAX_REQUEST_BYTES", "1024"),
+                ("SLUICE_IDLE_TIMEOUT_MS", "2000"),
+            ]),
+        )
+        .unwrap();
+        let options = s.serve_options();
+        assert_eq!(options.grpc_connections.max_connections, 7);
+        assert_eq!(options.grpc_connections.max_age, None, "0 turns it off");
+        assert_eq!(options.grpc.max_request_bytes, 1024);
+        assert_eq!(
+            options.http_connections.idle_timeout,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            Settings::default().serve_options().grpc_connections.max_age,
+            Some(Duration::from_secs(1_800))
+        );
     }
 
     #[test]

@@ -240,6 +240,91 @@ async fn readiness_follows_the_redis_connection() {
     server.stop().await;
 }
 
+/// gRPC health (`Check` for every name, and `Watch`) and `/readyz` say the
+/// same thing: Envoy's gRPC health check must see a Redis outage too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_turns_not_serving_with_redis_down_and_back() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let mut redis = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = redis_store(
+        &redis.url(),
+        clock.clone(),
+        TimeSource::Redis,
+        Duration::from_millis(200),
+    )
+    .await;
+    let limiter = Arc::new(sluice::decision::Limiter::new(
+        rules(RULES),
+        store,
+        Default::default(),
+    ));
+    let server = Server::start_with_limiter(limiter, HeaderMode::Off, clock).await;
+    let channel = tonic::transport::Endpoint::from_shared(server.uri())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel);
+    let request = |name: &str| HealthCheckRequest {
+        service: name.into(),
+    };
+    let mut watch = health
+        .watch(request("envoy.service.ratelimit.v3.RateLimitService"))
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut next_watched = async || {
+        let message = tokio::time::timeout(Duration::from_secs(20), watch.message())
+            .await
+            .expect("a health change within 20 s")
+            .expect("the watch stream stays open")
+            .expect("a message");
+        ServingStatus::try_from(message.status).unwrap()
+    };
+    assert_eq!(next_watched().await, ServingStatus::Serving);
+
+    // Every name (and `/readyz`) until each says `want`, or a deadline.
+    let all_become =
+        async |want: ServingStatus, health: &mut HealthClient<tonic::transport::Channel>| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            for name in [
+                "",
+                "envoy.service.ratelimit.v3.RateLimitService",
+                "ratelimit",
+            ] {
+                loop {
+                    let status = health.check(request(name)).await.expect("check");
+                    if status.into_inner().status == want as i32 {
+                        break;
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "health of {name:?} never became {want:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            let readyz = call(&server, "GET", "/readyz", String::new()).await.0;
+            assert_eq!(
+                readyz == 200,
+                want == ServingStatus::Serving,
+                "/readyz agrees"
+            );
+        };
+
+    redis.stop();
+    all_become(ServingStatus::NotServing, &mut health).await;
+    assert_eq!(next_watched().await, ServingStatus::NotServing);
+    redis.restart();
+    all_become(ServingStatus::Serving, &mut health).await;
+    assert_eq!(next_watched().await, ServingStatus::Serving);
+    server.stop().await;
+}
+
 /// A server over a Redis that is already stopped, with `policy`.
 async fn server_with_redis_down(
     policy: StoreErrorPolicy,

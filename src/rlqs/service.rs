@@ -54,6 +54,11 @@ pub struct RateLimitQuotaService {
     board: Option<Arc<RedisBoard>>,
 }
 
+/// The largest usage report taken: room for several thousand buckets
+/// (a bucket's usage is well under 100 bytes), while a connection's
+/// buffered requests stay bounded.
+pub const MAX_REPORT_BYTES: usize = 512 * 1024;
+
 impl RateLimitQuotaService {
     /// A service over `rlqs`.
     pub fn new(rlqs: Arc<Rlqs>, closing: CancellationToken) -> Self {
@@ -84,10 +89,14 @@ impl RateLimitQuotaService {
     }
 
     /// The tonic server for the router.
+    /// The tonic service. A report lists every bucket one Envoy knows, so
+    /// its messages may be larger than an RLS request: they get their own
+    /// cap, [`MAX_REPORT_BYTES`].
     pub fn into_server(
         self,
     ) -> pb::rate_limit_quota_service_server::RateLimitQuotaServiceServer<Self> {
         pb::rate_limit_quota_service_server::RateLimitQuotaServiceServer::new(self)
+            .max_decoding_message_size(MAX_REPORT_BYTES)
     }
 
     fn now_ms(&self) -> u64 {

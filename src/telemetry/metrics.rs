@@ -57,6 +57,65 @@ struct ResultLabels {
     result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClosedLabels {
+    listener: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+/// The listeners, as the `listener` label names them.
+const LISTENERS: [&str; 2] = ["grpc", "http"];
+
+/// Why the server closed a connection itself (`reason` label).
+const CLOSE_REASONS: [&str; 3] = ["handshake_timeout", "idle_timeout", "max_age"];
+
+/// Why a gRPC request was refused before the handler saw it (`reason` label).
+const INVALID_REASONS: [&str; 4] = ["decode", "content_type", "too_large", "timeout"];
+
+/// The connection series of one listener, looked up once: cloning a
+/// prometheus-client metric clones a handle, so the accept loop and the
+/// connection tasks update them without any lookup.
+#[derive(Clone, Debug)]
+pub struct ConnectionCounters {
+    /// Connections open now.
+    pub open: Gauge,
+    /// Connections refused because the listener was full.
+    pub refused: Counter,
+    /// Closed by the server: no handshake in time.
+    pub handshake_timeout: Counter,
+    /// Closed by the server: no request for the idle timeout.
+    pub idle_timeout: Counter,
+    /// Closed by the server: older than the maximum connection age.
+    pub max_age: Counter,
+}
+
+/// The `sluice_requests_invalid_total` series, looked up once.
+#[derive(Clone, Debug)]
+pub struct InvalidRequestCounters {
+    /// The message was not a valid protobuf message (garbage, truncated,
+    /// invalid UTF-8 in a string).
+    pub decode: Counter,
+    /// The content-type was not gRPC.
+    pub content_type: Counter,
+    /// The message was larger than the cap.
+    pub too_large: Counter,
+    /// The request did not arrive (and get an answer) in time.
+    pub timeout: Counter,
+    /// `sluice_requests_total{code="INVALID_ARGUMENT"}`: a ShouldRateLimit
+    /// call refused before the handler is still a call with that outcome.
+    pub rls_invalid_argument: Counter,
+}
+
 /// Settings of the metrics.
 #[derive(Clone, Copy, Debug)]
 pub struct MetricsConfig {
@@ -183,6 +242,10 @@ pub struct Metrics {
     store_error_policy: Family<PolicyLabels, Counter>,
     local_cache_hits: Counter,
     reloads: Family<ResultLabels, Counter>,
+    connections_open: Family<ListenerLabels, Gauge>,
+    connections_refused: Family<ListenerLabels, Counter>,
+    connections_closed: Family<ClosedLabels, Counter>,
+    requests_invalid: Family<ReasonLabels, Counter>,
     rules_loaded: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Runtime descriptor label values seen so far; a lock because any
     /// request may add one, and the set is what bounds the cardinality.
@@ -209,6 +272,10 @@ impl Metrics {
             store_error_policy: Family::default(),
             local_cache_hits: Counter::default(),
             reloads: Family::default(),
+            connections_open: Family::default(),
+            connections_refused: Family::default(),
+            connections_closed: Family::default(),
+            requests_invalid: Family::default(),
             rules_loaded: Gauge::default(),
             descriptors: Mutex::new(HashSet::new()),
             registry: Registry::default(),
@@ -279,8 +346,32 @@ impl Metrics {
             "When the rules in force were loaded (Unix time)",
             metrics.rules_loaded.clone(),
         );
+        registry.register(
+            "sluice_connections_open",
+            "Connections open now, by listener",
+            metrics.connections_open.clone(),
+        );
+        registry.register(
+            "sluice_connections_refused",
+            "Connections refused because the listener had its maximum open",
+            metrics.connections_refused.clone(),
+        );
+        registry.register(
+            "sluice_connections_closed",
+            "Connections the server closed itself, by listener and reason",
+            metrics.connections_closed.clone(),
+        );
+        registry.register(
+            "sluice_requests_invalid",
+            "gRPC requests refused before reaching a handler, by reason",
+            metrics.requests_invalid.clone(),
+        );
         // Known series exist from the start at zero, so alerts on their rate
         // work before the first event.
+        for listener in LISTENERS {
+            metrics.connection_counters(listener);
+        }
+        metrics.invalid_request_counters();
         for result in ["success", "error"] {
             metrics.reloads.get_or_create_owned(&ResultLabels {
                 result: result.to_owned(),
@@ -407,6 +498,45 @@ impl Metrics {
             .inc();
         if ok {
             self.rules_loaded.set(unix_seconds);
+        }
+    }
+
+    /// The connection series of `listener` (`grpc` or `http`).
+    pub fn connection_counters(&self, listener: &str) -> ConnectionCounters {
+        let labels = ListenerLabels {
+            listener: listener.to_owned(),
+        };
+        let closed = |reason: &str| {
+            self.connections_closed.get_or_create_owned(&ClosedLabels {
+                listener: listener.to_owned(),
+                reason: reason.to_owned(),
+            })
+        };
+        let [handshake_timeout, idle_timeout, max_age] = CLOSE_REASONS.map(closed);
+        ConnectionCounters {
+            open: self.connections_open.get_or_create_owned(&labels),
+            refused: self.connections_refused.get_or_create_owned(&labels),
+            handshake_timeout,
+            idle_timeout,
+            max_age,
+        }
+    }
+
+    /// The series of gRPC requests refused before a handler.
+    pub fn invalid_request_counters(&self) -> InvalidRequestCounters {
+        let [decode, content_type, too_large, timeout] = INVALID_REASONS.map(|reason| {
+            self.requests_invalid.get_or_create_owned(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+        });
+        InvalidRequestCounters {
+            decode,
+            content_type,
+            too_large,
+            timeout,
+            rls_invalid_argument: self.requests.get_or_create_owned(&CodeLabels {
+                code: "INVALID_ARGUMENT".to_owned(),
+            }),
         }
     }
 

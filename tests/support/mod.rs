@@ -137,6 +137,19 @@ impl Server {
         headers: HeaderMode,
         clock: Arc<ManualClock>,
     ) -> Self {
+        let options = server::ServeOptions {
+            headers,
+            ..server::ServeOptions::default()
+        };
+        Self::start_with_options(limiter, options, clock).await
+    }
+
+    /// Starts a server over a ready-made limiter with `options`.
+    pub async fn start_with_options<S: CounterStore>(
+        limiter: Arc<Limiter<S>>,
+        options: server::ServeOptions,
+        clock: Arc<ManualClock>,
+    ) -> Self {
         let listeners = Listeners::bind(([127, 0, 0, 1], 0).into(), ([127, 0, 0, 1], 0).into())
             .await
             .expect("bind loopback");
@@ -145,11 +158,6 @@ impl Server {
             listeners.http_addr().unwrap(),
         );
         let shutdown = CancellationToken::new();
-        let options = server::ServeOptions {
-            headers,
-            shutdown_delay: Duration::ZERO,
-            shutdown_grace: Duration::from_secs(10),
-        };
         let task = tokio::spawn(server::run(limiter, options, listeners, shutdown.clone()));
         Self {
             grpc,
