@@ -246,6 +246,7 @@ impl Sluice {
             headers: sluice::headers::HeaderMode::Off,
             shutdown_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(5),
+            ..server::ServeOptions::default()
         };
         let task = tokio::spawn(server::run(limiter, options, listeners, shutdown.clone()));
         Self {
