@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decision::Bounds;
 use crate::headers::HeaderMode;
-use crate::store::{RedisUrl, TimeSource};
+use crate::store::{MemoryStoreConfig, RedisUrl, TimeSource};
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
@@ -41,6 +41,8 @@ pub struct Settings {
     pub log_level: String,
     /// Most counters the in-memory store keeps.
     pub memory_max_keys: usize,
+    /// Most bytes of counters the in-memory store keeps.
+    pub memory_max_bytes: u64,
     /// Most descriptors in one request.
     pub max_descriptors: usize,
     /// Most entries in one descriptor.
@@ -97,7 +99,8 @@ impl Default for Settings {
             response_headers: HeaderMode::Off,
             log_format: LogFormat::Human,
             log_level: "info".into(),
-            memory_max_keys: crate::store::MemoryStoreConfig::default().max_keys,
+            memory_max_keys: MemoryStoreConfig::default().max_keys,
+            memory_max_bytes: MemoryStoreConfig::default().max_bytes,
             max_descriptors: bounds.max_descriptors,
             max_entries: bounds.max_entries,
             max_entry_bytes: bounds.max_entry_bytes,
@@ -151,10 +154,20 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "FILTER")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
-    /// Most counters the in-memory store keeps [default: 250000]
-    #[arg(long, value_name = "N")]
+    /// Most counters the in-memory store keeps
+    #[arg(long, value_name = "N", help = format!(
+        "Most counters the in-memory store keeps [default: {}]",
+        MemoryStoreConfig::default().max_keys
+    ))]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_max_keys: Option<usize>,
+    /// Most bytes of counters the in-memory store keeps
+    #[arg(long, value_name = "BYTES", help = format!(
+        "Most bytes of counters the in-memory store keeps [default: {}]",
+        MemoryStoreConfig::default().max_bytes
+    ))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_max_bytes: Option<u64>,
     /// Most descriptors in one request [default: 64]
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -388,6 +401,15 @@ impl Settings {
                 key_prefix: self.redis_key_prefix.clone(),
                 time: self.time_source,
             })
+    }
+
+    /// The in-memory store's settings.
+    pub fn memory_store(&self) -> MemoryStoreConfig {
+        MemoryStoreConfig {
+            max_keys: self.memory_max_keys,
+            max_bytes: self.memory_max_bytes,
+            ..MemoryStoreConfig::default()
+        }
     }
 
     /// How the listeners behave.
