@@ -484,6 +484,42 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_store_defaults_are_the_stores_own_and_can_be_set() {
+        use clap::CommandFactory as _;
+        let s = Settings::default();
+        let store = MemoryStoreConfig::default();
+        assert_eq!(
+            (s.memory_max_keys, s.memory_max_bytes),
+            (250_000, 128 << 20)
+        );
+        assert_eq!(
+            (s.memory_max_keys, s.memory_max_bytes),
+            (store.max_keys, store.max_bytes)
+        );
+        // The flags' help states the same numbers.
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            flags: SettingsFlags,
+        }
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("[default: 250000]"), "{help}");
+        assert!(help.contains("[default: 134217728]"), "{help}");
+
+        let s = Settings::load_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[
+                ("SLUICE_MEMORY_MAX_KEYS", "1000"),
+                ("SLUICE_MEMORY_MAX_BYTES", "1048576"),
+            ]),
+        )
+        .unwrap();
+        let config = s.memory_store();
+        assert_eq!((config.max_keys, config.max_bytes), (1_000, 1 << 20));
+    }
+
+    #[test]
     fn file_then_env_then_flags_each_win() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("sluice.toml");

@@ -370,6 +370,59 @@ mod tests {
         assert_eq!(pairs[1].1.line, 2);
     }
 
+    #[test]
+    fn copies_by_anchors_and_aliases_are_counted_against_the_budget() {
+        // One list of 9 scalars (10 nodes), anchored (10 copied) and aliased
+        // `n` times (10 each): at the floor of 100,000 the 10,000th alias fits
+        // and the next one does not.
+        let text = |n: usize| {
+            format!(
+                "a: &x [1, 2, 3, 4, 5, 6, 7, 8, 9]\nb: [{}]\n",
+                vec!["*x"; n].join(", ")
+            )
+        };
+        assert!(parse(&text(9_999)).is_ok());
+        let err = parse(&text(10_000)).unwrap_err();
+        assert_eq!(err.line, 2);
+        assert_eq!(
+            err.message,
+            "rules file expands YAML aliases beyond 100000 nodes"
+        );
+        // The budget grows with the file: a node per 4 bytes.
+        assert_eq!(alias_budget(10), MIN_ALIAS_NODES);
+        assert_eq!(alias_budget(4_000_000), 1_000_000);
+    }
+
+    #[test]
+    fn nesting_is_limited_before_anything_recurses() {
+        let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(parse(&ok).is_ok());
+        let mut deep = String::new();
+        for depth in 0..=MAX_DEPTH {
+            deep.push_str(&" ".repeat(depth));
+            deep.push_str("-\n");
+        }
+        let err = parse(&deep).unwrap_err();
+        assert_eq!(err.line, MAX_DEPTH + 1);
+        assert!(
+            err.message.contains("nested deeper than 100 levels"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn forbidden_characters_are_found_with_their_line() {
+        let err = parse("a: 1\nb: \"x\u{7}\"\n").unwrap_err();
+        assert_eq!(
+            (err.line, err.message.as_str()),
+            (2, "control character U+0007 is not allowed in a YAML file")
+        );
+        assert!(
+            parse("a: \"\u{85}\u{a0}\t\"\r\n").is_ok(),
+            "NEL, NBSP, tab and CR are allowed"
+        );
+    }
+
     /// The value under `key` in a map node.
     fn entry<'a>(map: &'a Node, key: &str) -> &'a Node {
         let Kind::Map(pairs) = &map.kind else {
