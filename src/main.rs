@@ -13,7 +13,7 @@ use sluice::limiter::SystemClock;
 use sluice::rules::{RuleSet, RulesSource};
 use sluice::server::{self, Listeners};
 use sluice::settings::Settings;
-use sluice::store::{Breaker, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore};
+use sluice::store::{Breaker, CounterStore, MemoryStore, RedisStore};
 use tokio_util::sync::CancellationToken;
 
 /// How often the memory store drops counters that have expired.
@@ -115,11 +115,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 limiter.store().inner().quit().await;
             }
             None => {
-                let config = MemoryStoreConfig {
-                    max_keys: settings.memory_max_keys,
-                    ..Default::default()
-                };
-                let store = MemoryStore::new(&config, Arc::new(SystemClock));
+                let store = MemoryStore::new(&settings.memory_store(), Arc::new(SystemClock));
                 started("memory")?;
                 let sweeper_stop = shutdown.clone();
                 let sweeper = move |limiter: &Arc<Limiter<MemoryStore>>| {

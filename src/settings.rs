@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::decision::Bounds;
 use crate::headers::HeaderMode;
 use crate::limiter::MAX_HITS;
-use crate::store::{RedisUrl, TimeSource};
+use crate::store::{MemoryStoreConfig, RedisUrl, TimeSource};
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
@@ -43,6 +43,8 @@ pub struct Settings {
     pub log_level: String,
     /// Most counters the in-memory store keeps.
     pub memory_max_keys: usize,
+    /// Most bytes of counters the in-memory store keeps.
+    pub memory_max_bytes: u64,
     /// Most descriptors in one request.
     pub max_descriptors: usize,
     /// Most entries in one descriptor.
@@ -123,7 +125,8 @@ impl Default for Settings {
             response_headers: HeaderMode::Off,
             log_format: LogFormat::Human,
             log_level: "info".into(),
-            memory_max_keys: crate::store::MemoryStoreConfig::default().max_keys,
+            memory_max_keys: MemoryStoreConfig::default().max_keys,
+            memory_max_bytes: MemoryStoreConfig::default().max_bytes,
             max_descriptors: bounds.max_descriptors,
             max_entries: bounds.max_entries,
             max_entry_bytes: bounds.max_entry_bytes,
@@ -186,10 +189,20 @@ pub struct SettingsFlags {
     #[arg(long, value_name = "FILTER")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
-    /// Most counters the in-memory store keeps [default: 250000]
-    #[arg(long, value_name = "N")]
+    /// Most counters the in-memory store keeps
+    #[arg(long, value_name = "N", help = format!(
+        "Most counters the in-memory store keeps [default: {}]",
+        MemoryStoreConfig::default().max_keys
+    ))]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_max_keys: Option<usize>,
+    /// Most bytes of counters the in-memory store keeps
+    #[arg(long, value_name = "BYTES", help = format!(
+        "Most bytes of counters the in-memory store keeps [default: {}]",
+        MemoryStoreConfig::default().max_bytes
+    ))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_max_bytes: Option<u64>,
     /// Most descriptors in one request [default: 64]
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -493,6 +506,15 @@ impl Settings {
             })
     }
 
+    /// The in-memory store's settings.
+    pub fn memory_store(&self) -> MemoryStoreConfig {
+        MemoryStoreConfig {
+            max_keys: self.memory_max_keys,
+            max_bytes: self.memory_max_bytes,
+            ..MemoryStoreConfig::default()
+        }
+    }
+
     /// How the listeners behave.
     pub fn serve_options(&self) -> crate::server::ServeOptions {
         use crate::server::{ConnLimits, GrpcLimits};
@@ -582,6 +604,42 @@ mod tests {
         assert_eq!(s, Settings::default());
         assert_eq!(s.grpc_addr.port(), 8081);
         assert_eq!(s.http_addr.port(), 8080);
+    }
+
+    #[test]
+    fn the_memory_store_defaults_are_the_stores_own_and_can_be_set() {
+        use clap::CommandFactory as _;
+        let s = Settings::default();
+        let store = MemoryStoreConfig::default();
+        assert_eq!(
+            (s.memory_max_keys, s.memory_max_bytes),
+            (250_000, 128 << 20)
+        );
+        assert_eq!(
+            (s.memory_max_keys, s.memory_max_bytes),
+            (store.max_keys, store.max_bytes)
+        );
+        // The flags' help states the same numbers.
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            flags: SettingsFlags,
+        }
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("[default: 250000]"), "{help}");
+        assert!(help.contains("[default: 134217728]"), "{help}");
+
+        let s = Settings::load_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[
+                ("SLUICE_MEMORY_MAX_KEYS", "1000"),
+                ("SLUICE_MEMORY_MAX_BYTES", "1048576"),
+            ]),
+        )
+        .unwrap();
+        let config = s.memory_store();
+        assert_eq!((config.max_keys, config.max_bytes), (1_000, 1 << 20));
     }
 
     #[test]

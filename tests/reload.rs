@@ -266,6 +266,52 @@ async fn a_broken_file_yields_its_errors_and_a_fix_yields_the_rules() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_alias_bomb_or_a_nul_byte_dropped_in_is_refused_with_its_file_and_line() {
+    let tmp = tempdir();
+    fs::write(tmp.path().join("x.yaml"), rules("x", 1)).unwrap();
+    let mut watched = Watched::paths(&[tmp.path()]);
+
+    // Each level lists nine aliases of the one before: 9^9 scalars from a
+    // few hundred bytes, were they expanded.
+    let mut bomb = String::from("domain: bomb\na0: &a0 [l, l, l, l, l, l, l, l, l]\n");
+    for level in 1..=9 {
+        let aliases = vec![format!("*a{}", level - 1); 9].join(", ");
+        bomb.push_str(&format!("a{level}: &a{level} [{aliases}]\n"));
+    }
+    bomb.push_str("descriptors: *a9\n");
+    let bomb_file = tmp.path().join("bomb.yaml");
+    fs::write(&bomb_file, &bomb).unwrap();
+    let reload = watched
+        .until("the bomb refused", |r| r.result.is_err())
+        .await;
+    let errors = reload.result.unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].file, bomb_file.display().to_string());
+    assert!(
+        errors[0]
+            .message
+            .contains("rules file expands YAML aliases beyond 100000 nodes"),
+        "{errors:#?}"
+    );
+    fs::remove_file(&bomb_file).unwrap();
+    watched
+        .until("the rules without the bomb", |r| loaded(r, "x", 1))
+        .await;
+
+    // A NUL would have ended the file before the limit of 3: refused whole.
+    let cut = rules("x", 3).replace("  - key: k", "\0  - key: k");
+    fs::write(tmp.path().join("x.yaml"), &cut).unwrap();
+    let reload = watched
+        .until("the NUL refused", |r| r.result.is_err())
+        .await;
+    let errors = reload.result.unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].line, 3, "{errors:#?}");
+    assert!(errors[0].message.contains("U+0000"), "{errors:#?}");
+    watched.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_new_file_in_a_watched_directory_adds_its_domain() {
     let tmp = tempdir();
     fs::write(tmp.path().join("a.yaml"), rules("a", 1)).unwrap();

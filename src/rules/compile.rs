@@ -24,6 +24,11 @@ pub const DEFAULT_BUCKETS: u64 = 10;
 /// one counter whatever the traffic.
 pub const MAX_BUCKETS: u64 = 3_600;
 
+/// Largest rules file read, in bytes. Far above any hand-written file (a
+/// descriptor takes a few lines), and small enough that a file dropped into
+/// the watched directory by mistake cannot exhaust memory while it is parsed.
+pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
 const TOP_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
@@ -71,7 +76,7 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
             continue;
         }
         let label = file.display().to_string();
-        let bytes = match fs::read(&file) {
+        let bytes = match read_capped(&file) {
             Ok(bytes) => bytes,
             Err(e) => {
                 errors.push(file_error(&label, format!("cannot read: {e}")));
@@ -102,6 +107,17 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
     } else {
         Err(errors)
     }
+}
+
+/// The file's bytes, reading no more than one byte past [`MAX_FILE_BYTES`]
+/// (so that [`parse_domain`] can refuse a larger file without it being read).
+fn read_capped(file: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    fs::File::open(file)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// The rules files `path` names: itself when it is a file, else every rules
@@ -188,6 +204,12 @@ fn file_error(file: &str, message: String) -> ConfigError {
 
 /// Parses one rules file (one domain). `file` labels the errors.
 pub fn parse_domain(file: &str, bytes: &[u8]) -> Result<Domain, Vec<ConfigError>> {
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(vec![file_error(
+            file,
+            format!("file is larger than {MAX_FILE_BYTES} bytes: a rules file holds one domain"),
+        )]);
+    }
     let text = std::str::from_utf8(bytes).map_err(|e| {
         let line = 1 + bytes[..e.valid_up_to()]
             .iter()

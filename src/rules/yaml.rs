@@ -3,11 +3,35 @@
 //! (the parser the `config` crate already uses); anchors and aliases resolve
 //! to copies of the anchored node, and merge keys (`<<: *base`) are applied
 //! as each mapping ends, as Go's yaml.v2 (and so envoyproxy/ratelimit) does.
+//!
+//! Hostile input is refused before it can cost much: characters YAML forbids
+//! (a NUL would otherwise end the file silently), nesting deeper than
+//! [`MAX_DEPTH`] (the tree is dropped and compiled recursively), and aliases
+//! that copy more than [`alias_budget`] nodes (a "billion laughs" file of a
+//! few hundred bytes would otherwise expand to gigabytes). The events are
+//! pulled one at a time, so parsing stops at the first such error.
 
 use std::collections::HashMap;
 
-use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::parser::{Event, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+/// Deepest nesting of lists and maps accepted. A descriptor takes two levels
+/// (the list and the map), so this leaves room for descriptors nested far
+/// deeper than any request can have entries.
+pub const MAX_DEPTH: usize = 100;
+
+/// Fewest nodes aliases may copy, whatever the file's size.
+pub const MIN_ALIAS_NODES: usize = 100_000;
+
+/// The most nodes the anchors and aliases of a `len`-byte text may copy:
+/// [`MIN_ALIAS_NODES`], or one node per four bytes of text for larger files.
+/// Ordinary files (a `<<: *base` of a dozen nodes per descriptor) stay far
+/// below it; a file whose aliases multiply is refused at the alias that
+/// crosses it, long before its expansion could fill memory.
+pub fn alias_budget(len: usize) -> usize {
+    MIN_ALIAS_NODES.max(len / 4)
+}
 
 /// One YAML node and the line (1-based) it starts on.
 #[derive(Clone, Debug)]
@@ -55,15 +79,50 @@ pub struct SyntaxError {
 
 /// Parses `text` into its documents (an empty stream gives none).
 pub fn parse(text: &str) -> Result<Vec<Node>, SyntaxError> {
-    let mut builder = Builder::default();
+    forbidden_characters(text)?;
+    let mut builder = Builder {
+        budget: alias_budget(text.len()),
+        ..Builder::default()
+    };
     let mut parser = Parser::new_from_str(text);
-    parser.load(&mut builder, true).map_err(|e| SyntaxError {
-        line: e.marker().line(),
-        message: e.info().to_owned(),
-    })?;
-    match builder.error {
-        Some(error) => Err(error),
-        None => Ok(builder.documents),
+    // Pulled one event at a time rather than through `Parser::load`, which
+    // recurses once per level of nesting (a deep file would overflow the
+    // stack) and could not stop at our first error.
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| SyntaxError {
+            line: e.marker().line(),
+            message: e.info().to_owned(),
+        })?;
+        if event == Event::StreamEnd {
+            break;
+        }
+        builder.on_event(event, mark);
+        if let Some(error) = builder.error.take() {
+            return Err(error);
+        }
+    }
+    Ok(builder.documents)
+}
+
+/// Refuses the characters YAML does not allow in a stream: the C0 controls
+/// other than tab, line feed and carriage return, DEL, the C1 controls other
+/// than NEL, and the non-characters U+FFFE and U+FFFF. The YAML parser takes a
+/// NUL for the end of the text, so without this check everything after one
+/// would be dropped without a word.
+fn forbidden_characters(text: &str) -> Result<(), SyntaxError> {
+    let forbidden = |c: char| {
+        matches!(c, '\u{0}'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{7f}'..='\u{84}'
+            | '\u{86}'..='\u{9f}' | '\u{fffe}' | '\u{ffff}')
+    };
+    match text.char_indices().find(|&(_, c)| forbidden(c)) {
+        None => Ok(()),
+        Some((at, c)) => Err(SyntaxError {
+            line: 1 + text[..at].bytes().filter(|&b| b == b'\n').count(),
+            message: format!(
+                "control character U+{:04X} is not allowed in a YAML file",
+                u32::from(c)
+            ),
+        }),
     }
 }
 
@@ -72,31 +131,85 @@ enum Open {
     Map(Vec<(Node, Node)>, Option<Node>, usize, usize),
 }
 
+/// An anchored node and how many nodes its subtree holds.
+struct Anchored {
+    node: Node,
+    size: usize,
+}
+
 #[derive(Default)]
 struct Builder {
-    stack: Vec<Open>,
+    /// The open lists and maps, innermost last, each with the size of its
+    /// subtree so far.
+    stack: Vec<(Open, usize)>,
     documents: Vec<Node>,
-    anchors: HashMap<usize, Node>,
+    /// Anchored nodes by anchor id, with their sizes.
+    anchors: HashMap<usize, Anchored>,
+    /// Nodes copied so far by anchors and aliases.
+    copied: usize,
+    /// The most nodes anchors and aliases may copy.
+    budget: usize,
     error: Option<SyntaxError>,
 }
 
 impl Builder {
-    fn finish(&mut self, node: Node, anchor: usize) {
+    /// Counts `size` more copied nodes; an error (at `line`) past the budget.
+    fn copy(&mut self, size: usize, line: usize) -> bool {
+        self.copied = self.copied.saturating_add(size);
+        if self.copied > self.budget {
+            self.error.get_or_insert(SyntaxError {
+                line,
+                message: format!(
+                    "rules file expands YAML aliases beyond {} nodes",
+                    self.budget
+                ),
+            });
+            return false;
+        }
+        true
+    }
+
+    fn finish(&mut self, node: Node, size: usize, anchor: usize) {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            // Keeping the anchored node is a copy too: nested anchors would
+            // otherwise copy a subtree once per level.
+            if !self.copy(size, node.line) {
+                return;
+            }
+            self.anchors.insert(
+                anchor,
+                Anchored {
+                    node: node.clone(),
+                    size,
+                },
+            );
         }
         match self.stack.last_mut() {
             None => self.documents.push(node),
-            Some(Open::Seq(items, _, _)) => items.push(node),
-            Some(Open::Map(pairs, pending, _, _)) => match pending.take() {
-                None => *pending = Some(node),
-                Some(key) => pairs.push((key, node)),
-            },
+            Some((open, total)) => {
+                *total = total.saturating_add(size);
+                match open {
+                    Open::Seq(items, _, _) => items.push(node),
+                    Open::Map(pairs, pending, _, _) => match pending.take() {
+                        None => *pending = Some(node),
+                        Some(key) => pairs.push((key, node)),
+                    },
+                }
+            }
         }
     }
-}
 
-impl MarkedEventReceiver for Builder {
+    fn open(&mut self, open: Open, line: usize) {
+        if self.stack.len() >= MAX_DEPTH {
+            self.error.get_or_insert(SyntaxError {
+                line,
+                message: format!("lists and maps nested deeper than {MAX_DEPTH} levels"),
+            });
+            return;
+        }
+        self.stack.push((open, 1));
+    }
+
     fn on_event(&mut self, event: Event, mark: Marker) {
         let line = mark.line();
         match event {
@@ -107,23 +220,25 @@ impl MarkedEventReceiver for Builder {
                         kind: Kind::Scalar { text, quoted },
                         line,
                     },
+                    1,
                     anchor,
                 );
             }
-            Event::SequenceStart(anchor, _) => self.stack.push(Open::Seq(Vec::new(), anchor, line)),
+            Event::SequenceStart(anchor, _) => self.open(Open::Seq(Vec::new(), anchor, line), line),
             Event::MappingStart(anchor, _) => {
-                self.stack.push(Open::Map(Vec::new(), None, anchor, line));
+                self.open(Open::Map(Vec::new(), None, anchor, line), line);
             }
             Event::SequenceEnd | Event::MappingEnd => {
-                let (node, anchor) = match self.stack.pop() {
-                    Some(Open::Seq(items, anchor, line)) => (
+                let (node, anchor, size) = match self.stack.pop() {
+                    Some((Open::Seq(items, anchor, line), size)) => (
                         Node {
                             kind: Kind::Seq(items),
                             line,
                         },
                         anchor,
+                        size,
                     ),
-                    Some(Open::Map(pairs, _, anchor, line)) => {
+                    Some((Open::Map(pairs, _, anchor, line), size)) => {
                         let pairs = merge_keys(pairs).unwrap_or_else(|error| {
                             self.error.get_or_insert(error);
                             Vec::new()
@@ -134,21 +249,31 @@ impl MarkedEventReceiver for Builder {
                                 line,
                             },
                             anchor,
+                            size,
                         )
                     }
                     None => return,
                 };
-                self.finish(node, anchor);
+                self.finish(node, size, anchor);
             }
-            Event::Alias(id) => match self.anchors.get(&id).cloned() {
-                Some(node) => self.finish(Node { line, ..node }, 0),
-                None => {
+            Event::Alias(id) => {
+                let Some(size) = self.anchors.get(&id).map(|a| a.size) else {
                     self.error.get_or_insert(SyntaxError {
                         line,
                         message: "alias refers to an unknown anchor".into(),
                     });
+                    return;
+                };
+                if self.copy(size, line)
+                    && let Some(anchored) = self.anchors.get(&id)
+                {
+                    let node = Node {
+                        line,
+                        ..anchored.node.clone()
+                    };
+                    self.finish(node, size, 0);
                 }
-            },
+            }
             _ => {}
         }
     }
@@ -243,6 +368,59 @@ mod tests {
         };
         assert!(matches!(pairs[1].1.kind, Kind::Map(_)));
         assert_eq!(pairs[1].1.line, 2);
+    }
+
+    #[test]
+    fn copies_by_anchors_and_aliases_are_counted_against_the_budget() {
+        // One list of 9 scalars (10 nodes), anchored (10 copied) and aliased
+        // `n` times (10 each): at the floor of 100,000 the 10,000th alias fits
+        // and the next one does not.
+        let text = |n: usize| {
+            format!(
+                "a: &x [1, 2, 3, 4, 5, 6, 7, 8, 9]\nb: [{}]\n",
+                vec!["*x"; n].join(", ")
+            )
+        };
+        assert!(parse(&text(9_999)).is_ok());
+        let err = parse(&text(10_000)).unwrap_err();
+        assert_eq!(err.line, 2);
+        assert_eq!(
+            err.message,
+            "rules file expands YAML aliases beyond 100000 nodes"
+        );
+        // The budget grows with the file: a node per 4 bytes.
+        assert_eq!(alias_budget(10), MIN_ALIAS_NODES);
+        assert_eq!(alias_budget(4_000_000), 1_000_000);
+    }
+
+    #[test]
+    fn nesting_is_limited_before_anything_recurses() {
+        let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(parse(&ok).is_ok());
+        let mut deep = String::new();
+        for depth in 0..=MAX_DEPTH {
+            deep.push_str(&" ".repeat(depth));
+            deep.push_str("-\n");
+        }
+        let err = parse(&deep).unwrap_err();
+        assert_eq!(err.line, MAX_DEPTH + 1);
+        assert!(
+            err.message.contains("nested deeper than 100 levels"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn forbidden_characters_are_found_with_their_line() {
+        let err = parse("a: 1\nb: \"x\u{7}\"\n").unwrap_err();
+        assert_eq!(
+            (err.line, err.message.as_str()),
+            (2, "control character U+0007 is not allowed in a YAML file")
+        );
+        assert!(
+            parse("a: \"\u{85}\u{a0}\t\"\r\n").is_ok(),
+            "NEL, NBSP, tab and CR are allowed"
+        );
     }
 
     /// The value under `key` in a map node.

@@ -5,11 +5,19 @@
 //! counters in ascending order (no deadlock), checks, applies, and unlocks:
 //! one critical section, so concurrent requests can never over-admit.
 //!
-//! Memory is bounded: at most `max_keys` counters. When a shard is full, a new
-//! counter evicts the sampled counter that expires soonest (an expired one when
-//! there is one, which loses nothing). Forgetting a live counter can only admit
-//! more, never reject more. A periodic [`MemoryStore::sweep`] drops expired
-//! counters so idle memory is returned.
+//! Memory is bounded twice: at most `max_keys` counters, and at most
+//! `max_bytes` of counter memory as [`counter_bytes`] accounts it (a sliding
+//! log of 10,000 hits holds about 256 KiB, a one-minute counter a few hundred
+//! bytes, so a count alone bounds nothing). Each shard holds its share of both.
+//! When a shard is over either, it evicts the least valuable of a few sampled
+//! counters: one that counts nothing any more first (which loses nothing),
+//! then the one whose limit is least used, then the one that expires soonest;
+//! never a counter of the request being applied. Forgetting a live counter
+//! can only admit more, never reject more, and forgetting the least used
+//! admits the least: a flood of new identities, each counted once, evicts
+//! other new identities, not the full counters of the clients it wants to
+//! free (BENCHMARKS.md measures it). A periodic [`MemoryStore::sweep`] drops
+//! expired counters so idle memory is returned.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -25,11 +33,30 @@ use crate::limiter::{Clock, CounterKey, LimitSpec, Millis, State, admits};
 /// Counters sampled when a full shard must make room.
 const EVICTION_SAMPLES: usize = 8;
 
+/// The default of `memory_max_keys`: the most counters kept.
+pub const DEFAULT_MAX_KEYS: usize = 250_000;
+
+/// The default of `memory_max_bytes`: 128 MiB of counters.
+pub const DEFAULT_MAX_BYTES: u64 = 128 * 1024 * 1024;
+
+/// What a counter costs besides its identity's bytes and its state's heap:
+/// its map entry (hash, key, state), its slot in the index table and the
+/// allocators' rounding, as measured (BENCHMARKS.md, "Memory of the
+/// in-memory store").
+pub const COUNTER_OVERHEAD_BYTES: usize = 300;
+
+/// The bytes `key` and `state` are accounted for.
+pub fn counter_bytes(key: &CounterKey, state: &State) -> usize {
+    COUNTER_OVERHEAD_BYTES + key.identity.as_bytes().len() + state.heap_bytes()
+}
+
 /// Settings of the memory store.
 #[derive(Clone, Debug)]
 pub struct MemoryStoreConfig {
-    /// Most counters kept; at the cap the soonest-expiring are evicted.
+    /// Most counters kept; at the cap the least valuable are evicted.
     pub max_keys: usize,
+    /// Most bytes of counters kept, as [`counter_bytes`] accounts them.
+    pub max_bytes: u64,
     /// Number of independently locked shards (rounded up to a power of two).
     pub shards: usize,
 }
@@ -37,7 +64,8 @@ pub struct MemoryStoreConfig {
 impl Default for MemoryStoreConfig {
     fn default() -> Self {
         Self {
-            max_keys: 1_000_000,
+            max_keys: DEFAULT_MAX_KEYS,
+            max_bytes: DEFAULT_MAX_BYTES,
             shards: 64,
         }
     }
@@ -50,15 +78,28 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     hasher: RandomState,
     per_shard: usize,
-    /// Live counters evicted to stay under the cap, for metrics; atomic because
-    /// shards are locked independently.
+    per_shard_bytes: usize,
+    /// Live counters evicted to stay under the caps, for metrics; atomic
+    /// because shards are locked independently.
     evicted: AtomicU64,
+}
+
+/// One counter's state and what eviction needs to rank it.
+struct Counter {
+    state: State,
+    /// The limit's `requests` when the counter was last counted: with the
+    /// key's window, the limit to measure how full the counter is.
+    requests: u64,
+    /// What [`counter_bytes`] gave when the state last grew.
+    bytes: usize,
 }
 
 struct Shard {
     /// foldhash, randomly seeded per process: several times cheaper than
     /// SipHash on these short keys, and still not predictable by a client.
-    counters: IndexMap<CounterKey, State, RandomState>,
+    counters: IndexMap<CounterKey, Counter, RandomState>,
+    /// Sum of the counters' `bytes`.
+    bytes: usize,
     /// xorshift state for eviction sampling; per shard so it needs no extra lock.
     rng: u64,
 }
@@ -68,11 +109,14 @@ impl MemoryStore {
     pub fn new(config: &MemoryStoreConfig, clock: Arc<dyn Clock>) -> Self {
         let shards = config.shards.max(1).next_power_of_two();
         let per_shard = config.max_keys.div_ceil(shards).max(1);
+        let per_shard_bytes =
+            usize::try_from(config.max_bytes / shards as u64).unwrap_or(usize::MAX);
         Self {
             shards: (0..shards)
                 .map(|i| {
                     Mutex::new(Shard {
                         counters: IndexMap::default(),
+                        bytes: 0,
                         rng: 0x9E37_79B9_7F4A_7C15 ^ i as u64,
                     })
                 })
@@ -80,6 +124,7 @@ impl MemoryStore {
             clock,
             hasher: RandomState::default(),
             per_shard,
+            per_shard_bytes: per_shard_bytes.max(1),
             evicted: AtomicU64::new(0),
         }
     }
@@ -94,6 +139,11 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Bytes of the counters currently held, as [`counter_bytes`] accounts them.
+    pub fn bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().bytes).sum()
+    }
+
     /// Live counters evicted so far because the store was full.
     pub fn evicted(&self) -> u64 {
         self.evicted.load(Ordering::Relaxed)
@@ -102,10 +152,16 @@ impl MemoryStore {
     /// Drops every counter that counts nothing any more at `now`.
     pub fn sweep(&self, now: Millis) {
         for shard in &*self.shards {
-            shard
-                .lock()
-                .counters
-                .retain(|key, state| state.expires_at(&key.window) > now);
+            let shard = &mut *shard.lock();
+            let mut freed = 0;
+            shard.counters.retain(|key, counter| {
+                let live = counter.state.expires_at(&key.window) > now;
+                if !live {
+                    freed += counter.bytes;
+                }
+                live
+            });
+            shard.bytes -= freed;
         }
     }
 
@@ -159,9 +215,9 @@ impl MemoryStore {
                 // Saturated, a sum past u64 fits no limit: never wrapped.
                 let wanted = pending.saturating_add(item.hits);
                 let (used, fits) = match shard.counters.get_mut(key) {
-                    Some(state) => {
-                        let used = state.used(limit, now);
-                        (used, state.fits(limit, now, used, wanted))
+                    Some(counter) => {
+                        let used = counter.state.used(limit, now);
+                        (used, counter.state.fits(limit, now, used, wanted))
                     }
                     None => (0, State::new(limit).fits(limit, now, 0, wanted)),
                 };
@@ -183,13 +239,11 @@ impl MemoryStore {
                 let shard = &mut *guards[guard(*shard)];
                 let (before, pending, over) = checked[index];
                 let (reset_ms, full_for_ms) = if admitted && item.hits > 0 {
-                    let state = shard.entry(key, limit, &counters, now, self);
-                    state.add(limit, now, item.hits);
-                    (state.reset_ms(limit, now), state.full_for(limit, now))
+                    shard.count(key, limit, item.hits, &counters, now, self)
                 } else {
                     let fresh;
                     let state = match shard.counters.get(key) {
-                        Some(state) => state,
+                        Some(counter) => &counter.state,
                         None => {
                             fresh = State::new(limit);
                             &fresh
@@ -205,6 +259,13 @@ impl MemoryStore {
                     full_for_ms,
                 });
                 index += 1;
+            }
+        }
+        // Counting may have grown a sliding window or log past the shard's
+        // share of the bytes: make room, keeping this request's counters.
+        if admitted {
+            for shard in &mut guards {
+                while shard.bytes > self.per_shard_bytes && shard.evict_one(&counters, now, self) {}
             }
         }
         BatchOutcome { admitted, limits }
@@ -235,47 +296,99 @@ fn batch_hits_before(
 }
 
 impl Shard {
-    /// The state of `key`, created if missing; a full shard first evicts the
-    /// sampled counter that expires soonest, never one of this batch's.
-    fn entry(
+    /// Counts `hits` on `key` (created if missing, after making room when the
+    /// shard holds its share of counters) and returns its `reset_ms` and
+    /// `full_for` after the hits.
+    fn count(
         &mut self,
         key: &CounterKey,
         limit: &LimitSpec,
+        hits: u64,
         batch: &[(CounterKey, usize)],
         now: Millis,
         store: &MemoryStore,
-    ) -> &mut State {
-        if !self.counters.contains_key(key) && self.counters.len() >= store.per_shard {
-            self.evict_one(batch, now, store);
+    ) -> (u64, u64) {
+        if !self.counters.contains_key(key) {
+            if self.counters.len() >= store.per_shard {
+                self.evict_one(batch, now, store);
+            }
+            let state = State::new(limit);
+            let bytes = counter_bytes(key, &state);
+            self.bytes += bytes;
+            self.counters.insert(
+                key.clone(),
+                Counter {
+                    state,
+                    requests: limit.requests,
+                    bytes,
+                },
+            );
         }
-        self.counters
-            .entry(key.clone())
-            .or_insert_with(|| State::new(limit))
+        let Some(counter) = self.counters.get_mut(key) else {
+            return (0, 0);
+        };
+        counter.requests = limit.requests;
+        counter.state.add(limit, now, hits);
+        let bytes = counter_bytes(key, &counter.state);
+        let before = std::mem::replace(&mut counter.bytes, bytes);
+        let answer = (
+            counter.state.reset_ms(limit, now),
+            counter.state.full_for(limit, now),
+        );
+        self.bytes = self.bytes - before + bytes;
+        answer
     }
 
-    fn evict_one(&mut self, batch: &[(CounterKey, usize)], now: Millis, store: &MemoryStore) {
+    /// Removes the least valuable of a few sampled counters, never one of
+    /// `batch`: a counter that counts nothing at `now` first, then the one
+    /// whose limit is least used, then the one that expires soonest. Returns
+    /// whether one was removed.
+    fn evict_one(
+        &mut self,
+        batch: &[(CounterKey, usize)],
+        now: Millis,
+        store: &MemoryStore,
+    ) -> bool {
         let len = self.counters.len();
-        let mut victim: Option<(usize, Millis)> = None;
+        // (index, share of the limit in use, expiry)
+        let mut victim: Option<(usize, f64, Millis)> = None;
         for _ in 0..EVICTION_SAMPLES.min(len) {
             self.rng ^= self.rng << 13;
             self.rng ^= self.rng >> 7;
             self.rng ^= self.rng << 17;
             let i = (self.rng % len as u64) as usize;
-            let (key, state) = self.counters.get_index(i).expect("index below len");
+            let Some((key, counter)) = self.counters.get_index_mut(i) else {
+                continue;
+            };
             if batch.iter().any(|(k, _)| k == key) {
                 continue;
             }
-            let expires = state.expires_at(&key.window);
-            if victim.is_none_or(|(_, best)| expires < best) {
-                victim = Some((i, expires));
+            let expires = counter.state.expires_at(&key.window);
+            let share = if expires <= now {
+                0.0
+            } else {
+                let spec = LimitSpec {
+                    requests: counter.requests,
+                    window: key.window,
+                };
+                // A limit of 0 counts nothing: nothing is lost by forgetting it.
+                let capacity = spec.capacity().max(1);
+                counter.state.used(&spec, now) as f64 / capacity as f64
+            };
+            if victim.is_none_or(|(_, s, e)| (share, expires) < (s, e)) {
+                victim = Some((i, share, expires));
             }
         }
-        if let Some((i, expires)) = victim {
-            self.counters.swap_remove_index(i);
-            if expires > now {
-                store.evicted.fetch_add(1, Ordering::Relaxed);
-            }
+        let Some((i, _, expires)) = victim else {
+            return false;
+        };
+        if let Some((_, counter)) = self.counters.swap_remove_index(i) {
+            self.bytes -= counter.bytes;
         }
+        if expires > now {
+            store.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        true
     }
 }
 
@@ -297,23 +410,154 @@ mod tests {
     };
 
     fn hit(store: &MemoryStore, value: &str, now: Millis) -> BatchOutcome {
+        let limit = LimitSpec {
+            requests: 1,
+            window: MINUTE,
+        };
+        hits(store, value, limit, 1, now)
+    }
+
+    /// `hits` on identity `k=value` limited by `limit`, at `now`.
+    fn hits(
+        store: &MemoryStore,
+        value: &str,
+        limit: LimitSpec,
+        hits: u64,
+        now: Millis,
+    ) -> BatchOutcome {
         let mut identity = IdentityBuilder::new("d");
         identity.value("k", value);
         let item = BatchItem {
             identity: identity.build(),
-            limits: vec![LimitSpec {
-                requests: 1,
-                window: MINUTE,
-            }],
-            hits: 1,
+            limits: vec![limit],
+            hits,
             role: Role::Enforce,
         };
         store.apply_at(&Batch { items: vec![item] }, now)
     }
 
+    fn store_of(max_keys: usize, max_bytes: u64, shards: usize) -> MemoryStore {
+        MemoryStore::new(
+            &MemoryStoreConfig {
+                max_keys,
+                max_bytes,
+                shards,
+            },
+            Arc::new(ManualClock::new(0)),
+        )
+    }
+
+    /// 100 victims fill a limit of 100 an hour; then `flood` new identities
+    /// make one hit each under the same limit, into a store of 10,000 keys.
+    /// Returns how many victims the flood freed (their next hit is admitted).
+    fn victims_freed_by_a_flood(algorithm: Algorithm, flood: usize) -> usize {
+        let store = store_of(10_000, u64::MAX, 64);
+        let limit = LimitSpec {
+            requests: 100,
+            window: Window {
+                duration_ms: 3_600_000,
+                algorithm,
+            },
+        };
+        for v in 0..100 {
+            assert!(hits(&store, &format!("victim{v}"), limit, 100, 0).admitted);
+            assert!(!hits(&store, &format!("victim{v}"), limit, 1, 0).admitted);
+        }
+        for a in 0..flood {
+            hits(&store, &format!("flood{a}"), limit, 1, 1_000);
+        }
+        (0..100)
+            .filter(|v| hits(&store, &format!("victim{v}"), limit, 1, 2_000).admitted)
+            .count()
+    }
+
+    #[test]
+    fn a_flood_of_new_identities_does_not_free_full_counters() {
+        for algorithm in [
+            Algorithm::SlidingWindow {
+                precision_ms: 360_000,
+            },
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::TokenBucket { burst: 100 },
+        ] {
+            let freed = victims_freed_by_a_flood(algorithm, 20_000);
+            // The figure BENCHMARKS.md reports (`--nocapture`).
+            println!(
+                "{}: {freed} of 100 full victims freed by 20,000 new keys",
+                algorithm.name()
+            );
+            assert_eq!(freed, 0, "{algorithm:?}");
+        }
+    }
+
+    #[test]
+    fn the_least_used_counter_is_evicted_first() {
+        let store = store(2, 1);
+        let limit = LimitSpec {
+            requests: 10,
+            window: MINUTE,
+        };
+        assert!(hits(&store, "full", limit, 10, 0).admitted);
+        assert!(hits(&store, "light", limit, 1, 0).admitted);
+        assert!(hits(&store, "new", limit, 1, 0).admitted);
+        assert_eq!(store.evicted(), 1);
+        assert!(!hits(&store, "full", limit, 1, 0).admitted, "full was kept");
+    }
+
+    #[test]
+    fn counters_are_bounded_in_bytes_not_only_in_number() {
+        // Sliding logs of 1,000 hits each hold about 16 KiB; 64 KiB fit four.
+        let max_bytes = 64 * 1024;
+        let store = store_of(1_000, max_bytes, 1);
+        let limit = LimitSpec {
+            requests: 10_000,
+            window: Window {
+                duration_ms: 60_000,
+                algorithm: Algorithm::SlidingLog,
+            },
+        };
+        for key in 0..20 {
+            for t in 0..1_000 {
+                assert!(hits(&store, &key.to_string(), limit, 1, t).admitted);
+                assert!(store.bytes() as u64 <= max_bytes, "{} bytes", store.bytes());
+            }
+        }
+        assert!(store.len() <= 4, "{} counters", store.len());
+        assert!(store.evicted() >= 16);
+        // The newest log is whole.
+        assert!(!hits(&store, "19", limit, 9_001, 1_000).admitted);
+        assert!(hits(&store, "19", limit, 9_000, 1_000).admitted);
+    }
+
+    #[test]
+    fn bytes_follow_growth_and_are_returned_by_the_sweep() {
+        let store = store(100, 4);
+        let limit = LimitSpec {
+            requests: 100,
+            window: Window {
+                duration_ms: 60_000,
+                algorithm: Algorithm::SlidingLog,
+            },
+        };
+        hits(&store, "a", limit, 1, 0);
+        let one = store.bytes();
+        assert!(one >= COUNTER_OVERHEAD_BYTES, "{one}");
+        for t in 1..100 {
+            hits(&store, "a", limit, 1, t);
+        }
+        assert!(store.bytes() >= one + 90 * 16, "{} bytes", store.bytes());
+        store.sweep(60_099);
+        assert_eq!((store.len(), store.bytes()), (0, 0));
+    }
+
     fn store(max_keys: usize, shards: usize) -> MemoryStore {
         MemoryStore::new(
-            &MemoryStoreConfig { max_keys, shards },
+            &MemoryStoreConfig {
+                max_keys,
+                shards,
+                ..MemoryStoreConfig::default()
+            },
             Arc::new(ManualClock::new(0)),
         )
     }

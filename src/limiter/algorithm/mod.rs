@@ -146,6 +146,16 @@ impl State {
         }
     }
 
+    /// Bytes the state holds on the heap beyond its own size: the buckets of
+    /// a sliding window or the entries of a sliding log, none otherwise.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            State::Sliding(s) => s.heap_bytes(),
+            State::Log(s) => s.heap_bytes(),
+            State::Fixed(_) | State::Bucket(_) => 0,
+        }
+    }
+
     /// The instant from which this state counts nothing; a store may drop it then.
     pub fn expires_at(&self, window: &Window) -> Millis {
         match self {

@@ -78,6 +78,12 @@ impl SlidingLog {
         unsigned(oldest + signed(spec.window.duration_ms) - signed(now))
     }
 
+    /// Bytes held on the heap (the allocated capacity, which can exceed
+    /// what is in use), for stores that bound their memory.
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<(i64, u64)>()
+    }
+
     /// When the newest entry leaves the window.
     pub fn expires_at(&self, window: &Window) -> Millis {
         self.entries

@@ -131,6 +131,12 @@ impl SlidingWindow {
         }
     }
 
+    /// Bytes held on the heap (the allocated capacity, which can exceed
+    /// what is in use), for stores that bound their memory.
+    pub fn heap_bytes(&self) -> usize {
+        self.buckets.capacity() * std::mem::size_of::<(i64, u64)>()
+    }
+
     /// When the newest bucket leaves the window.
     pub fn expires_at(&self, window: &Window) -> Millis {
         let (d, p) = shape(window);
