@@ -7,7 +7,7 @@ mod breaker;
 mod memory;
 mod redis;
 
-pub use breaker::{Breaker, BreakerConfig};
+pub use breaker::{Breaker, BreakerConfig, Circuit};
 pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use redis::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource, server_info};
 
