@@ -387,6 +387,7 @@ impl Settings {
                 timeout: std::time::Duration::from_millis(self.redis_timeout_ms.max(1)),
                 key_prefix: self.redis_key_prefix.clone(),
                 time: self.time_source,
+                breaker: Some(self.breaker()),
             })
     }
 
