@@ -37,6 +37,8 @@ const SLOTS: usize = 16384;
 const MIN_REFRESH_GAP: Duration = Duration::from_millis(200);
 /// The topology is read again this often regardless.
 const REFRESH_EVERY: Duration = Duration::from_secs(2);
+/// How long a node that owns no slot (one learned from `ASK`) is kept.
+const KEEP_UNLISTED: Duration = Duration::from_secs(10);
 /// How long one node may take to answer `CLUSTER SLOTS`.
 const SLOTS_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -272,11 +274,19 @@ impl Cluster {
                 entries.fill(Some(node.clone()));
             }
         }
-        let gone: Vec<Arc<Node>> = old
-            .iter()
-            .filter(|(name, _)| !nodes.contains_key(*name))
-            .map(|(_, node)| node.clone())
-            .collect();
+        let mut gone = Vec::new();
+        for (name, node) in old {
+            if nodes.contains_key(&name) {
+                continue;
+            }
+            if node.age() < KEEP_UNLISTED {
+                // Learned from an ASK: the target of a migration owns no
+                // slot yet, and more ASKs for it are likely.
+                nodes.insert(name, node);
+            } else {
+                gone.push(node);
+            }
+        }
         *self.topology.write() = Topology { slots, nodes };
         for node in gone {
             // A node that answered MOVED a moment ago may be a replica now;
