@@ -81,8 +81,8 @@ struct Scenario {
 async fn command(store: &RedisStore, args: &[String]) -> Value {
     let values: Vec<Value> = args[1..].iter().map(|a| Value::from(a.as_str())).collect();
     store
-        .pool()
-        .next()
+        .client()
+        .expect("a connected single Redis")
         .custom(
             CustomCommand::new(args[0].clone(), ClusterHash::FirstKey, false),
             values,
@@ -126,7 +126,7 @@ async fn decide(store: &RedisStore, s: usize, scenario: &Scenario, n: usize) {
         }
         Kind::FixedBaseline => {
             let key = baseline_key(s, who);
-            let pipeline = store.pool().next().pipeline();
+            let pipeline = store.client().expect("a connected single Redis").pipeline();
             let incr = CustomCommand::new_static("INCRBY", ClusterHash::FirstKey, false);
             let expire = CustomCommand::new_static("EXPIRE", ClusterHash::FirstKey, false);
             let _: () = pipeline
@@ -143,7 +143,7 @@ async fn decide(store: &RedisStore, s: usize, scenario: &Scenario, n: usize) {
             let key = baseline_key(s, who);
             // This identity's n-th hit happens at tick n / IDENTITIES.
             let tick = (n / IDENTITIES) as i64;
-            let pipeline = store.pool().next().pipeline();
+            let pipeline = store.client().expect("a connected single Redis").pipeline();
             let cmd =
                 |name: &'static str| CustomCommand::new_static(name, ClusterHash::FirstKey, false);
             let k = || Value::from(key.as_str());
@@ -260,6 +260,7 @@ async fn main() {
         url: RedisUrl::new(url.clone()),
         pool_size: 4,
         timeout: Duration::from_secs(2),
+        breaker: None,
         key_prefix: format!("cost:{}:", std::process::id()),
         time: TimeSource::Redis,
     };

@@ -13,7 +13,7 @@ use sluice::limiter::SystemClock;
 use sluice::rules::{RuleSet, RulesSource};
 use sluice::server::{self, Listeners};
 use sluice::settings::Settings;
-use sluice::store::{Breaker, CounterStore, MemoryStore, RedisStore};
+use sluice::store::{CounterStore, MemoryStore, RedisStore};
 use tokio_util::sync::CancellationToken;
 
 /// How often the memory store drops counters that have expired.
@@ -101,7 +101,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     RedisStore::connect(&redis, Arc::new(SystemClock), REDIS_CONNECT_TIMEOUT)
                         .await?;
                 started(&format!("redis {}", redis.url))?;
-                let store = Breaker::new(store, settings.breaker(), Arc::new(SystemClock));
+                // Each Redis node has its own breaker inside the store (one
+                // per Cluster primary), so no breaker wraps the whole store.
                 let limiter = serve_with(
                     store,
                     rules,
@@ -112,7 +113,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     |_| {},
                 )
                 .await?;
-                limiter.store().inner().quit().await;
+                limiter.store().quit().await;
             }
             None => {
                 let store = MemoryStore::new(&settings.memory_store(), Arc::new(SystemClock));

@@ -134,7 +134,7 @@ impl Default for Settings {
             redis_url: None,
             redis_password: None,
             redis_pool_size: 4,
-            redis_timeout_ms: 10,
+            redis_timeout_ms: 40,
             redis_key_prefix: "sluice:".into(),
             time_source: TimeSource::Redis,
             shutdown_delay_ms: 0,
@@ -236,7 +236,7 @@ pub struct SettingsFlags {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_pool_size: Option<usize>,
     /// Longest wait for Redis per decision, in milliseconds; past it the request
-    /// fails UNAVAILABLE [default: 10]
+    /// fails UNAVAILABLE (what it counted after all is refunded) [default: 40]
     #[arg(long, value_name = "MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_timeout_ms: Option<u64>,
@@ -503,6 +503,7 @@ impl Settings {
                 timeout: std::time::Duration::from_millis(self.redis_timeout_ms.max(1)),
                 key_prefix: self.redis_key_prefix.clone(),
                 time: self.time_source,
+                breaker: Some(self.breaker()),
             })
     }
 

@@ -388,7 +388,7 @@ async fn replicas_sharing_redis_split_one_budget_between_their_streams() {
     let port = redis.port();
     let deadline = std::time::Instant::now() + GUARD;
     loop {
-        let keys = support::redis::query(port, &["KEYS", "sluice:rlqs:*"]);
+        let keys = support::redis::query(port, &["KEYS", "*rlqs:*"]);
         if keys.items().is_empty() {
             break;
         }

@@ -19,8 +19,8 @@
 //!   assignment and the idle count; a report in, the actions for every stream
 //!   out. Time is an argument (`now`), so tests drive it by hand.
 //! - [`redis`]: demand shared between replicas through Redis (`share.lua`);
-//!   the only user of fred outside `store/redis.rs`, over the RLS store's
-//!   own connection pool.
+//!   run through the RLS store's connections and Cluster routing
+//!   (`store::ScriptRunner`), so only `store/redis` sees the Redis client.
 //! - [`metrics`]: the RLQS metrics, in their own registry.
 //! - [`service`]: the tonic service, the only part that sees protobuf: one
 //!   task per stream, a channel per stream for pushed actions, refusal past
@@ -149,9 +149,9 @@
 //! stream's field is deleted; a dead replica's fields expire in 15 s; the
 //! hash expires with its last field. If Redis fails, the replica keeps what
 //! it last heard and says so in a warning; streams are never failed for it.
-//! The hashes are `sluice:rlqs:<sha-256 of [domain, entries]>` (the RLS
-//! `key_prefix` is not applied: RLQS hashes of two deployments sharing one
-//! Redis and one domain would mix).
+//! The hashes are `<key_prefix>rlqs:<sha-256 of [domain, entries]>`, under
+//! the RLS store's `redis_key_prefix` (default `sluice:`), so deployments
+//! that share a Redis with their own prefixes keep their demand apart.
 
 pub mod alloc;
 pub mod metrics;
@@ -159,7 +159,6 @@ pub mod redis;
 pub mod service;
 pub mod state;
 
-use std::any::Any;
 use std::sync::Arc;
 
 use axum::Router;
@@ -172,7 +171,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decision::Limiter;
 use crate::proto::rlqs::rate_limit_quota_service_server as proto_server;
-use crate::store::{Breaker, CounterStore, RedisStore};
+use crate::store::CounterStore;
 
 pub use service::RateLimitQuotaService;
 pub use state::Rlqs;
@@ -191,21 +190,10 @@ pub fn serve<S: CounterStore>(
     let rules = limiter.clone();
     let rlqs = Arc::new(Rlqs::new(move || rules.rules()));
     let mut service = RateLimitQuotaService::new(rlqs.clone(), closing);
-    if let Some(pool) = redis_pool(limiter.store()) {
-        service = service.with_board(Arc::new(redis::RedisBoard::new(pool)));
+    if let Some(runner) = limiter.store().script_runner() {
+        service = service.with_board(Arc::new(redis::RedisBoard::new(runner)));
     }
     (service.into_server(), admin_router(rlqs))
-}
-
-/// The RLS store's Redis pool, when the store is Redis (behind the circuit
-/// breaker, as `main.rs` builds it, or bare): RLQS shares demand through
-/// the same Redis without a setting or a second connection pool of its own.
-fn redis_pool<S: CounterStore>(store: &S) -> Option<fred::clients::Pool> {
-    let store: &dyn Any = store;
-    store
-        .downcast_ref::<Breaker<RedisStore>>()
-        .map(|b| b.inner().pool().clone())
-        .or_else(|| store.downcast_ref::<RedisStore>().map(|s| s.pool().clone()))
 }
 
 /// `GET /rlqs`: every bucket, its budget, and each stream's demand and

@@ -4,23 +4,20 @@
 //! Per bucket one hash (`share.lua` documents it): a field per stream of
 //! every replica, holding its smoothed demand and an expiry three report
 //! intervals ahead. At each report a replica writes its streams' demand
-//! for the bucket and reads everyone's back in the same script call. This
-//! uses the RLS store's connection pool (the one other user of fred besides
-//! `store/redis.rs`); a failed call leaves the replica with what it last
-//! heard, logged, and never fails the stream.
+//! for the bucket and reads everyone's back in the same script call. The
+//! call goes through the RLS store's own connections and Cluster routing
+//! ([`ScriptRunner`]), under its key prefix; a failed call leaves the
+//! replica with what it last heard, logged, and never fails the stream.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use fred::interfaces::LuaInterface;
-use fred::types::Value;
 use sha2::{Digest, Sha256};
 
 use super::alloc::REPORT_INTERVAL_MS;
 use super::state::{BucketKey, Published, Remote};
-
-const SHARE: &str = include_str!("share.lua");
+use crate::store::{LuaScript, ScriptRunner, StoreError};
 
 /// A stream's field lives this long without a refresh: three reports.
 pub const FIELD_TTL_MS: u64 = 3 * REPORT_INTERVAL_MS;
@@ -28,21 +25,23 @@ pub const FIELD_TTL_MS: u64 = 3 * REPORT_INTERVAL_MS;
 /// The longest wait for one exchange; past it the replica goes on alone.
 const TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Key prefix of the RLQS hashes.
-const PREFIX: &str = "sluice:rlqs:";
+/// Key prefix of the RLQS hashes, after the store's own.
+const PREFIX: &str = "rlqs:";
 
 /// This replica's side of the shared demand.
 pub struct RedisBoard {
-    pool: fred::clients::Pool,
+    runner: ScriptRunner,
+    share: LuaScript,
     /// Random per process: a restarted replica's streams are new streams.
     replica: String,
 }
 
 impl RedisBoard {
-    /// A board over `pool`, with a fresh replica id.
-    pub fn new(pool: fred::clients::Pool) -> Self {
+    /// A board over the store's `runner`, with a fresh replica id.
+    pub fn new(runner: ScriptRunner) -> Self {
         Self {
-            pool,
+            runner,
+            share: LuaScript::new(include_str!("share.lua")),
             replica: format!("{:016x}", rand::random::<u64>()),
         }
     }
@@ -71,26 +70,23 @@ impl RedisBoard {
             .collect::<HashMap<_, _>>()
     }
 
-    async fn share(&self, published: &Published) -> Result<Vec<u64>, fred::error::Error> {
-        let mut args: Vec<Value> = vec![
-            Value::from(FIELD_TTL_MS as i64),
-            Value::from(published.demands.len() as i64),
+    async fn share(&self, published: &Published) -> Result<Vec<u64>, StoreError> {
+        let mut args = vec![
+            FIELD_TTL_MS.to_string(),
+            format!("{}:", self.replica),
+            published.demands.len().to_string(),
         ];
         for (stream, demand) in &published.demands {
-            args.push(Value::from(self.field(*stream)));
-            args.push(Value::from(demand.to_string()));
+            args.push(self.field(*stream));
+            args.push(demand.to_string());
         }
-        args.extend(published.gone.iter().map(|s| Value::from(self.field(*s))));
-        let reply: Vec<String> = self
-            .pool
-            .next_connected()
-            .eval(SHARE, vec![key(&published.key)], args)
-            .await?;
-        let mine = format!("{}:", self.replica);
+        args.extend(published.gone.iter().map(|s| self.field(*s)));
+        let key = key(self.runner.key_prefix(), &published.key);
+        let reply = self.runner.run(&self.share, key, args).await?;
+        // The script answers only other replicas' demands, all ≥ 0.
         Ok(reply
-            .chunks(2)
-            .filter(|pair| pair.len() == 2 && !pair[0].starts_with(&mine))
-            .filter_map(|pair| pair[1].parse().ok())
+            .into_iter()
+            .map(|d| u64::try_from(d).unwrap_or(0))
             .collect())
     }
 
@@ -102,10 +98,11 @@ impl RedisBoard {
 /// The bucket's hash: a digest of the JSON array `[domain, [[k, v], …]]`,
 /// an injective encoding, so no two buckets share a key whatever their
 /// strings contain, and the key's length is bounded.
-fn key(bucket: &BucketKey) -> String {
+fn key(store_prefix: &str, bucket: &BucketKey) -> String {
     let encoded = serde_json::json!([bucket.domain, bucket.entries]).to_string();
     let digest = Sha256::digest(encoded.as_bytes());
-    let mut key = String::with_capacity(PREFIX.len() + 64);
+    let mut key = String::with_capacity(store_prefix.len() + PREFIX.len() + 64);
+    key.push_str(store_prefix);
     key.push_str(PREFIX);
     for byte in digest {
         let _ = write!(key, "{byte:02x}");

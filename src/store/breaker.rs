@@ -6,6 +6,10 @@
 //! not turn a 50 ms hiccup into a second of refusals. After the cooldown,
 //! calls go through again; the first success closes the breaker, the first
 //! failure opens it again.
+//!
+//! [`Circuit`] is the state; its scope is the caller's choice. The Redis store
+//! keeps one per node (see `redis/node.rs`), so on a Cluster a dead shard
+//! opens only its own breaker; [`Breaker`] wraps any store in a single one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -35,16 +39,67 @@ impl Default for BreakerConfig {
     }
 }
 
-/// A store that stops calling `inner` while it keeps failing.
-pub struct Breaker<S> {
-    inner: S,
-    config: BreakerConfig,
-    clock: Arc<dyn Clock>,
+/// The state of one breaker: what fails together shares one. The Redis store
+/// keeps one per Redis node (per primary on a Cluster, so one dead shard fails
+/// only its own slots fast); [`Breaker`] puts one around a whole store.
+#[derive(Debug, Default)]
+pub struct Circuit {
     /// Atomics: every request reads them, without a lock.
     failures: AtomicU32,
     /// When the current run of failures began (0: none since the last success).
     failing_since: AtomicU64,
     open_until: AtomicU64,
+}
+
+impl Circuit {
+    /// `Err(CircuitOpen)` while open at `now` (ms of the breaker's clock).
+    pub fn check(&self, now: u64) -> Result<(), StoreError> {
+        let until = self.open_until.load(Ordering::Relaxed);
+        if now < until {
+            return Err(StoreError::CircuitOpen(Duration::from_millis(until - now)));
+        }
+        Ok(())
+    }
+
+    /// Whether calls are being refused at `now`.
+    pub fn is_open(&self, now: u64) -> bool {
+        now < self.open_until.load(Ordering::Relaxed)
+    }
+
+    /// A call succeeded: closes the breaker and forgets the failures.
+    pub fn succeeded(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        self.failing_since.store(0, Ordering::Relaxed);
+        self.open_until.store(0, Ordering::Relaxed);
+    }
+
+    /// A call that began at `started` failed at `failed_at`.
+    pub fn failed(&self, config: &BreakerConfig, started: u64, failed_at: u64) {
+        let failed_at = failed_at.max(1);
+        let _ = self.failing_since.compare_exchange(
+            0,
+            started.max(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        let since = self.failing_since.load(Ordering::Relaxed);
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let span = failed_at.saturating_sub(since);
+        if failures >= config.failures && u128::from(span) >= config.min_failing.as_millis() {
+            let cooldown = u64::try_from(config.cooldown.as_millis()).unwrap_or(u64::MAX);
+            self.open_until
+                .store(failed_at.saturating_add(cooldown), Ordering::Relaxed);
+        }
+    }
+}
+
+/// A store that stops calling `inner` while it keeps failing (one breaker
+/// for the whole store; the Redis store has per-node breakers of its own).
+pub struct Breaker<S> {
+    inner: S,
+    config: BreakerConfig,
+    clock: Arc<dyn Clock>,
+    circuit: Circuit,
 }
 
 impl<S> Breaker<S> {
@@ -54,9 +109,7 @@ impl<S> Breaker<S> {
             inner,
             config,
             clock,
-            failures: AtomicU32::new(0),
-            failing_since: AtomicU64::new(0),
-            open_until: AtomicU64::new(0),
+            circuit: Circuit::default(),
         }
     }
 
@@ -67,7 +120,7 @@ impl<S> Breaker<S> {
 
     /// Whether calls are being refused now.
     pub fn is_open(&self) -> bool {
-        self.clock.now() < self.open_until.load(Ordering::Relaxed)
+        self.circuit.is_open(self.clock.now())
     }
 }
 
@@ -76,38 +129,17 @@ impl<S: CounterStore> CounterStore for Breaker<S> {
         !self.is_open() && self.inner.is_ready()
     }
 
+    fn script_runner(&self) -> Option<super::ScriptRunner> {
+        self.inner.script_runner()
+    }
+
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
         let now = self.clock.now();
-        let until = self.open_until.load(Ordering::Relaxed);
-        if now < until {
-            return Err(StoreError::CircuitOpen(Duration::from_millis(until - now)));
-        }
+        self.circuit.check(now)?;
         let result = self.inner.apply(batch).await;
         match &result {
-            Ok(_) => {
-                self.failures.store(0, Ordering::Relaxed);
-                self.failing_since.store(0, Ordering::Relaxed);
-            }
-            Err(_) => {
-                let failed_at = self.clock.now().max(1);
-                let _ = self.failing_since.compare_exchange(
-                    0,
-                    now.max(1),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                );
-                let since = self.failing_since.load(Ordering::Relaxed);
-                let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-                let span = failed_at.saturating_sub(since);
-                if failures >= self.config.failures
-                    && u128::from(span) >= self.config.min_failing.as_millis()
-                {
-                    let cooldown =
-                        u64::try_from(self.config.cooldown.as_millis()).unwrap_or(u64::MAX);
-                    self.open_until
-                        .store(failed_at.saturating_add(cooldown), Ordering::Relaxed);
-                }
-            }
+            Ok(_) => self.circuit.succeeded(),
+            Err(_) => self.circuit.failed(&self.config, now, self.clock.now()),
         }
         result
     }

@@ -7,9 +7,11 @@ mod breaker;
 mod memory;
 mod redis;
 
-pub use breaker::{Breaker, BreakerConfig};
+pub use breaker::{Breaker, BreakerConfig, Circuit};
 pub use memory::{MemoryStore, MemoryStoreConfig};
-pub use redis::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource, server_info};
+pub use redis::{
+    LuaScript, RedisStore, RedisStoreConfig, RedisUrl, ScriptRunner, TimeSource, server_info,
+};
 
 use std::future::Future;
 use std::time::Duration;
@@ -119,5 +121,11 @@ pub trait CounterStore: Send + Sync + 'static {
     /// Whether the store can take requests now (for readiness probes).
     fn is_ready(&self) -> bool {
         true
+    }
+
+    /// For a store that lives in Redis, a way for other modules (RLQS) to
+    /// keep shared state there too; `None` for a store that is local.
+    fn script_runner(&self) -> Option<ScriptRunner> {
+        None
     }
 }

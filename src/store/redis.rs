@@ -1,5 +1,5 @@
 //! The Redis store: one `EVALSHA` of `redis/decide.lua` per request (per
-//! slot group on Redis Cluster), through `fred`. The only module that sees
+//! slot group on Redis Cluster). The only module (with `redis/`) that sees
 //! fred.
 //!
 //! Single Redis (or every key of the request in one slot): the script checks
@@ -9,27 +9,61 @@
 //! is rejected, the parts already counted are refunded (`redis/refund.lua`).
 //! Between a part's count and its refund, a concurrent request may see those
 //! hits and be rejected; it can never be admitted beyond the limit.
+//!
+//! **Never twice.** A script call is sent once and never resent: it may have
+//! counted. Only answers Redis gives *before* running anything (Cluster
+//! redirects, `NOSCRIPT`) send it again; see `redis/cluster.rs` for why
+//! Cluster routing is done here and not by fred.
+//!
+//! **Timeouts.** `timeout` bounds the caller's wait. A call that times out
+//! may still run (it is in a socket or a Redis queue), so its future is not
+//! dropped: a background task waits for the real answer (at most
+//! [`RECONCILE_WAIT`]) and, if the script counted, refunds exactly those hits,
+//! since the caller was told UNAVAILABLE. Answers and counters so agree; the
+//! one gap is a reply that never comes (connection lost after sending), which
+//! is logged.
+//!
+//! **Breakers.** With `breaker` set, each node (the one server, or each
+//! Cluster primary) has its own: a dead shard fails only its slots fast, and
+//! its slots recover as soon as the topology names a new primary (whose
+//! breaker is closed).
 
-use std::fmt;
+mod cluster;
+mod node;
+mod url;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::{ClusterInterface, LuaInterface};
-use fred::prelude::{
-    Builder, ClientLike, Config, Options, ReconnectPolicy, Server, ServerConfig, TlsConnector,
-};
-use fred::types::Value;
-use fred::types::config::ClusterDiscoveryPolicy;
+use fred::interfaces::{ClientLike, ClusterInterface};
+use fred::prelude::{Builder, Server, ServerConfig};
 use fred::types::scripts::Script;
-use fred::types::{ClusterHash, CustomCommand};
+use fred::types::{ClusterHash, CustomCommand, Value};
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
-use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
+use self::cluster::Cluster;
+use self::node::{Node, Redirect, Sent};
+pub use self::url::RedisUrl;
+use self::url::parse_url;
+use super::{
+    Batch, BatchOutcome, BreakerConfig, CounterStore, LimitOutcome, StoreError, counted_used,
+};
 use crate::limiter::{Algorithm, Clock, LimitSpec, Role, admits};
 
 const DECIDE: &str = include_str!("redis/decide.lua");
 const REFUND: &str = include_str!("redis/refund.lua");
+
+/// How long a call that timed out is still awaited, to refund what it
+/// counted.
+const RECONCILE_WAIT: Duration = Duration::from_secs(5);
+/// Redirects one call follows at most (a slot migrating twice in a row is
+/// already rare).
+const MAX_REDIRECTS: usize = 5;
+/// Pause before resending after `TRYAGAIN` (a migration moving the keys).
+const TRYAGAIN_PAUSE: Duration = Duration::from_millis(5);
+/// How long a call waits for a node it just learned of to connect.
+const NEW_NODE_GRACE: Duration = Duration::from_secs(1);
 
 /// Where the scripts take `now` from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
@@ -42,75 +76,6 @@ pub enum TimeSource {
     Local,
 }
 
-/// A Redis URL whose password never appears in `Debug` or `Display`.
-#[derive(Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(transparent)]
-pub struct RedisUrl(String);
-
-impl RedisUrl {
-    /// Wraps a URL.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self(url.into())
-    }
-
-    /// The URL with its password (for connecting only).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// The URL with `password` as its password (percent-encoded). A user
-    /// name in the URL (`user:…@`) is kept; a password in it is replaced,
-    /// including the `password@` form, which names no user. Lets a password
-    /// kept in a Kubernetes Secret stay out of the URL.
-    pub fn with_password(&self, password: &str) -> RedisUrl {
-        let Some((scheme, rest)) = self.0.split_once("://") else {
-            return self.clone();
-        };
-        let (user, hosts) = match rest.rsplit_once('@') {
-            Some((auth, hosts)) => (auth.split_once(':').map_or("", |(u, _)| u), hosts),
-            None => ("", rest),
-        };
-        RedisUrl(format!(
-            "{scheme}://{user}:{}@{hosts}",
-            percent_encode(password)
-        ))
-    }
-}
-
-/// Every byte but the URL's unreserved characters as `%XX`.
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
-impl fmt::Display for RedisUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.split_once("://") {
-            Some((scheme, rest)) => match rest.rsplit_once('@') {
-                Some((auth, host)) => {
-                    let user = auth.split_once(':').map_or("", |(u, _)| u);
-                    write!(f, "{scheme}://{user}:***@{host}")
-                }
-                None => f.write_str(&self.0),
-            },
-            None => f.write_str(&self.0),
-        }
-    }
-}
-
-impl fmt::Debug for RedisUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "\"{self}\"")
-    }
-}
-
 /// Settings of the Redis store.
 #[derive(Clone, Debug)]
 pub struct RedisStoreConfig {
@@ -118,136 +83,89 @@ pub struct RedisStoreConfig {
     /// `redis-cluster://host:port[,host:port…]` (`rediss-cluster://` for TLS),
     /// `redis-sentinel://host:port[,host:port…]/service`.
     pub url: RedisUrl,
-    /// Connections (fred clients), used round-robin; each pipelines.
+    /// Connections (fred clients) per Redis node, used round-robin; each
+    /// pipelines.
     pub pool_size: usize,
-    /// Longest wait for one decision; past it the request fails UNAVAILABLE.
+    /// Longest wait for one decision; past it the request fails UNAVAILABLE
+    /// (and what the call counted after all is refunded).
     pub timeout: Duration,
     /// Prepended to every key, so several services can share one Redis.
     pub key_prefix: String,
     /// Where `now` comes from.
     pub time: TimeSource,
+    /// The circuit breaker of each node; `None`: no breaker.
+    pub breaker: Option<BreakerConfig>,
 }
 
 /// The Redis counter store.
 pub struct RedisStore {
-    pool: fred::clients::Pool,
-    decide: Script,
-    refund: Script,
+    shared: Arc<Shared>,
     prefix: String,
-    /// `Some` in local time mode: the clock whose `now` is sent to the script.
-    clock: Option<Arc<dyn Clock>>,
+    /// In local time mode, `now` is sent to the script.
+    local_time: bool,
     timeout: Duration,
     cluster: bool,
 }
 
-/// Parses one of the accepted URL forms into a fred config.
-fn parse_url(url: &RedisUrl) -> Result<Config, String> {
-    let text = url.expose();
-    let (scheme, rest) = text.split_once("://").ok_or("missing '://'")?;
-    let (auth, rest) = match rest.rsplit_once('@') {
-        Some((auth, rest)) => (Some(auth), rest),
-        None => (None, rest),
-    };
-    let (username, password) = match auth {
-        None => (None, None),
-        Some(auth) => match auth.split_once(':') {
-            Some((user, pass)) => (
-                Some(percent_decode(user)?).filter(|u| !u.is_empty()),
-                Some(percent_decode(pass)?),
-            ),
-            None => (None, Some(percent_decode(auth)?)),
-        },
-    };
-    let (hosts, path) = match rest.split_once('/') {
-        Some((hosts, path)) => (hosts, Some(path).filter(|p| !p.is_empty())),
-        None => (rest, None),
-    };
-    let servers = hosts
-        .split(',')
-        .map(|h| {
-            let (host, port) = h.rsplit_once(':').map_or((h, "6379"), |(h, p)| (h, p));
-            let port: u16 = port.parse().map_err(|_| format!("invalid port in '{h}'"))?;
-            if host.is_empty() {
-                return Err(format!("missing host in '{h}'"));
-            }
-            Ok(Server::new(
-                host.trim_start_matches('[').trim_end_matches(']'),
-                port,
-            ))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    let mut config = Config {
-        username,
-        password,
-        ..Config::default()
-    };
-    let single = || match servers.as_slice() {
-        [one] => Ok(one.clone()),
-        _ => Err(format!(
-            "{scheme}:// takes one host; use redis-cluster:// or redis-sentinel:// for several"
-        )),
-    };
-    config.server = match scheme {
-        "redis" | "rediss" => {
-            if let Some(db) = path {
-                config.database = Some(db.parse().map_err(|_| format!("invalid database '{db}'"))?);
-            }
-            ServerConfig::Centralized { server: single()? }
-        }
-        "redis-cluster" | "rediss-cluster" => {
-            if path.is_some() {
-                return Err("redis-cluster:// takes no database".into());
-            }
-            ServerConfig::Clustered {
-                hosts: servers,
-                policy: ClusterDiscoveryPolicy::default(),
-            }
-        }
-        "redis-sentinel" | "rediss-sentinel" => {
-            let service_name = path.ok_or(
-                "redis-sentinel:// needs the service name: redis-sentinel://host:port/service",
-            )?;
-            ServerConfig::Sentinel {
-                hosts: servers,
-                service_name: service_name.to_owned(),
-                username: config.username.clone(),
-                password: config.password.clone(),
-            }
-        }
-        other => {
-            return Err(format!(
-                "unsupported scheme '{other}' (use redis, rediss, redis-cluster or redis-sentinel)"
-            ));
-        }
-    };
-    if scheme.starts_with("rediss") {
-        let connector = TlsConnector::default_rustls().map_err(|e| format!("TLS set-up: {e}"))?;
-        config.tls = Some(connector.into());
-    }
-    Ok(config)
+/// What a call needs, shared with the background tasks that finish calls
+/// their callers stopped waiting for.
+struct Shared {
+    route: Route,
+    decide: Script,
+    refund: Script,
+    breaker: Option<BreakerConfig>,
+    /// The breakers' clock, and the scripts' in local time mode.
+    clock: Arc<dyn Clock>,
 }
 
-fn percent_decode(text: &str) -> Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text
-                .get(i + 1..i + 3)
-                .ok_or("truncated %-escape in the URL")?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| "invalid %-escape in the URL")?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "the URL's credentials are not UTF-8".into())
+/// Where calls go.
+enum Route {
+    /// One server, or the primary a Sentinel names (fred follows it).
+    Single(Arc<Node>),
+    /// Redis Cluster, routed by slot here.
+    Cluster(Arc<Cluster>),
 }
 
-fn unavailable(e: impl fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+/// A Lua script that another module keeps in the store's Redis (RLQS's
+/// shared demand), run through [`ScriptRunner`]: loaded on first use, its
+/// reply a list of integers.
+pub struct LuaScript(Script);
+
+impl LuaScript {
+    /// The script with this source.
+    pub fn new(lua: &'static str) -> Self {
+        Self(Script::from_lua(lua))
+    }
+}
+
+/// Runs other modules' scripts over the store's own connections, routing
+/// and breakers, so that no module but this one sees the Redis client.
+#[derive(Clone)]
+pub struct ScriptRunner {
+    shared: Arc<Shared>,
+    prefix: String,
+}
+
+impl ScriptRunner {
+    /// The store's key prefix, for the caller's keys.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Runs `script` once on the node that owns `key`, following Cluster
+    /// redirects as decide.lua's calls do (never resent otherwise).
+    pub async fn run(
+        &self,
+        script: &LuaScript,
+        key: String,
+        args: Vec<String>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let args = args.into_iter().map(Value::from).collect();
+        self.shared
+            .clone()
+            .send(script.0.clone(), vec![key], args)
+            .await
+    }
 }
 
 /// `INFO commandstats` and `INFO cpu` of every primary that `url` names: the
@@ -260,8 +178,11 @@ pub async fn server_info(url: &RedisUrl) -> Result<Vec<String>, StoreError> {
     let client = Builder::from_config(config)
         .with_connection_config(|c| c.connection_timeout = Duration::from_secs(5))
         .build()
-        .map_err(unavailable)?;
-    client.init().await.map_err(unavailable)?;
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    client
+        .init()
+        .await
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
     // `None`: the one server the client is connected to.
     let servers: Vec<Option<Server>> = if cluster {
         client
@@ -290,7 +211,7 @@ pub async fn server_info(url: &RedisUrl) -> Result<Vec<String>, StoreError> {
                 }
                 None => client.custom(command, args).await,
             }
-            .map_err(unavailable)?;
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
             text.push_str(&part);
             text.push_str("\r\n");
         }
@@ -303,128 +224,95 @@ pub async fn server_info(url: &RedisUrl) -> Result<Vec<String>, StoreError> {
 impl RedisStore {
     /// Connects (waiting at most `connect_timeout` for the first connection;
     /// if Redis is not there yet, requests fail UNAVAILABLE until it is) and
-    /// loads the scripts. `clock` is used in local time mode.
+    /// loads the scripts. `clock` drives the breakers, and the scripts in
+    /// local time mode.
     pub async fn connect(
         config: &RedisStoreConfig,
         clock: Arc<dyn Clock>,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let mut fred_config = parse_url(&config.url).map_err(|e| {
+        let fred_config = parse_url(&config.url).map_err(|e| {
             StoreError::Unavailable(format!("invalid Redis URL {}: {e}", config.url))
         })?;
-        // Keep reconnecting even when Redis is not up at start; commands fail
-        // fast on their own (see `call`).
-        fred_config.fail_fast = false;
-        let cluster = matches!(fred_config.server, ServerConfig::Clustered { .. });
-        let pool = Builder::from_config(fred_config)
-            .with_connection_config(|c| {
-                c.connection_timeout = connect_timeout.max(Duration::from_millis(100));
-                // Never resend a script: it may already have counted.
-                c.max_command_attempts = 1;
-            })
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2))
-            .build_pool(config.pool_size.max(1))
-            .map_err(unavailable)?;
-        pool.connect();
-        let store = Self {
-            pool,
+        let size = config.pool_size.max(1);
+        let route = match &fred_config.server {
+            ServerConfig::Clustered { hosts, .. } => {
+                let seeds = hosts.clone();
+                Route::Cluster(Cluster::connect(fred_config, seeds, size, connect_timeout).await)
+            }
+            _ => {
+                let name = config.url.to_string().into();
+                let node = Node::new(name, fred_config, size, connect_timeout)?;
+                Route::Single(Arc::new(node))
+            }
+        };
+        let shared = Arc::new(Shared {
+            route,
             decide: Script::from_lua(DECIDE),
             refund: Script::from_lua(REFUND),
-            prefix: config.key_prefix.clone(),
-            clock: (config.time == TimeSource::Local).then_some(clock),
-            timeout: config.timeout,
-            cluster,
+            breaker: config.breaker,
+            clock,
+        });
+        let nodes = match &shared.route {
+            Route::Single(node) => vec![node.clone()],
+            Route::Cluster(cluster) => cluster.nodes(),
         };
-        match tokio::time::timeout(connect_timeout, store.pool.wait_for_connect()).await {
-            Ok(Ok(())) => {
-                store
-                    .decide
-                    .load(store.pool.next())
-                    .await
-                    .map_err(unavailable)?;
-                store
-                    .refund
-                    .load(store.pool.next())
-                    .await
-                    .map_err(unavailable)?;
+        let deadline = tokio::time::Instant::now() + connect_timeout;
+        for node in &nodes {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !node.wait_connected(left).await {
+                let e = node.down();
+                tracing::warn!(error = %e, url = %config.url, "Redis not reachable yet; requests fail UNAVAILABLE until it is");
+                continue;
             }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, url = %config.url, "Redis not reachable yet; requests fail UNAVAILABLE until it is")
-            }
-            Err(_) => {
-                tracing::warn!(url = %config.url, "Redis not reachable yet; requests fail UNAVAILABLE until it is")
-            }
-        }
-        Ok(store)
-    }
-
-    /// The pool, for callers that need raw commands (tests, the cost harness).
-    pub fn pool(&self) -> &fred::clients::Pool {
-        &self.pool
-    }
-
-    /// Closes every connection, waiting at most two seconds: a connection
-    /// stuck in reconnect back-off (Redis down, or refusing our password)
-    /// must not hold the process at shutdown.
-    pub async fn quit(&self) {
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.pool.quit()).await;
-    }
-
-    /// One `EVALSHA` on the node owning the keys' slot, loading the script first if
-    /// that Redis lacks it (a restarted Redis has no scripts). Never queued
-    /// while disconnected and never retried: a resent script could count
-    /// twice, and a queued one would count after its caller was told
-    /// UNAVAILABLE. (Sent as a custom command because fred's per-command
-    /// options do not reach its Lua interface.)
-    async fn call(
-        &self,
-        script: &Script,
-        keys: Vec<String>,
-        args: Vec<Value>,
-    ) -> Result<Vec<i64>, StoreError> {
-        let slot = keys
-            .first()
-            .map_or(0, |k| fred::util::redis_keyslot(k.as_bytes()));
-        let options = Options {
-            fail_fast: true,
-            max_attempts: Some(1),
-            ..Options::default()
-        };
-        // Round-robin over the connections that are up, so one still in
-        // reconnect back-off does not fail requests another could serve.
-        let client = self.pool.next_connected();
-        let fail_fast = client.with_options(&options);
-        let evalsha = || {
-            let mut command: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-            command.push(Value::from(script.sha1().clone()));
-            command.push(Value::from(keys.len() as i64));
-            command.extend(keys.iter().map(|k| Value::from(k.as_str())));
-            command.extend(args.iter().cloned());
-            fail_fast.custom::<Vec<i64>, Value>(
-                CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false),
-                command,
-            )
-        };
-        let call = async {
-            match evalsha().await {
-                Err(e) if e.details().starts_with("NOSCRIPT") => {
-                    let lua = script
-                        .lua()
-                        .expect("scripts are built from their source")
-                        .clone();
-                    client.script_load_cluster::<(), _>(lua).await?;
-                    evalsha().await
+            // Saves the first call a NOSCRIPT round trip; not required.
+            for script in [&shared.decide, &shared.refund] {
+                let lua = script.lua().expect("scripts are built from their source");
+                let loaded: Result<Value, _> = node
+                    .command(
+                        "SCRIPT",
+                        vec![Value::from("LOAD"), Value::from(lua.clone())],
+                    )
+                    .await;
+                if let Err(e) = loaded {
+                    tracing::warn!(error = %e, node = %node.name(), "could not load the Redis scripts yet");
                 }
-                result => result,
             }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result.map_err(unavailable),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+        Ok(Self {
+            shared,
+            prefix: config.key_prefix.clone(),
+            local_time: config.time == TimeSource::Local,
+            timeout: config.timeout,
+            cluster: matches!(
+                parse_url(&config.url).map(|c| c.server),
+                Ok(ServerConfig::Clustered { .. })
+            ),
+        })
+    }
+
+    /// A connected client of the one Redis (`None` on a Cluster, or while
+    /// disconnected), for tools that need raw commands (the cost harness).
+    pub fn client(&self) -> Option<fred::clients::Client> {
+        match &self.shared.route {
+            Route::Single(node) => node.client().ok(),
+            Route::Cluster(_) => None,
         }
     }
 
-    /// Runs decide.lua for `items` (indices into `batch.items`).
+    /// Closes every connection, waiting at most two seconds per node: a
+    /// connection stuck in reconnect back-off (Redis down, or refusing our
+    /// password) must not hold the process at shutdown.
+    pub async fn quit(&self) {
+        match &self.shared.route {
+            Route::Single(node) => node.quit().await,
+            Route::Cluster(cluster) => cluster.quit().await,
+        }
+    }
+
+    /// Runs decide.lua for `items` (indices into `batch.items`). Past the
+    /// timeout the call is left to finish in the background and reconciled
+    /// (see the module docs).
     async fn decide_part(
         &self,
         batch: &Batch,
@@ -450,18 +338,37 @@ impl RedisStore {
                 args.extend(limit_args(limit));
             }
         }
-        let reply = self
-            .call(
-                &self.decide,
-                items.iter().map(|&i| keys[i].clone()).collect(),
-                args,
-            )
-            .await?;
+        let part_keys: Vec<String> = items.iter().map(|&i| keys[i].clone()).collect();
         let expected = 2 + ANSWER_LEN
             * items
                 .iter()
                 .map(|&i| batch.items[i].limits.len())
                 .sum::<usize>();
+        let slot = slot_of(&part_keys);
+        let started = self.shared.clock.now();
+        let mut call = tokio::spawn(self.shared.clone().send(
+            self.shared.decide.clone(),
+            part_keys,
+            args,
+        ));
+        let reply = match tokio::time::timeout(self.timeout, &mut call).await {
+            Ok(joined) => {
+                joined.map_err(|e| StoreError::Unavailable(format!("Redis call failed: {e}")))??
+            }
+            Err(_) => {
+                self.shared.timed_out(slot, started);
+                let owed = items
+                    .iter()
+                    .map(|&i| Owed {
+                        key: keys[i].clone(),
+                        limits: batch.items[i].limits.clone(),
+                        hits: batch.items[i].hits,
+                    })
+                    .collect();
+                tokio::spawn(reconcile(self.shared.clone(), call, owed, expected));
+                return Err(StoreError::Timeout(self.timeout));
+            }
+        };
         if reply.len() != expected {
             return Err(StoreError::Unavailable(format!(
                 "unexpected script reply of {} values",
@@ -470,6 +377,202 @@ impl RedisStore {
         }
         Ok(reply)
     }
+}
+
+/// The slot of a call's keys (all in one slot), 0 for none.
+fn slot_of(keys: &[String]) -> u16 {
+    keys.first()
+        .map_or(0, |k| fred::util::redis_keyslot(k.as_bytes()))
+}
+
+impl Shared {
+    /// Runs a script once on the node owning `keys`, following Cluster
+    /// redirects (answers given before anything ran), never resending after
+    /// anything else.
+    async fn send(
+        self: Arc<Self>,
+        script: Script,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let script = &script;
+        let cluster = match &self.route {
+            Route::Single(node) => {
+                return match self.run_on(node, script, &keys, &args, false).await {
+                    Sent::Reply(reply) => Ok(reply),
+                    Sent::Failed(e) => Err(e),
+                    Sent::Redirect(r) => Err(StoreError::Unavailable(format!(
+                        "a Cluster redirect ({r:?}) from a Redis not configured as a Cluster; use redis-cluster://"
+                    ))),
+                };
+            }
+            Route::Cluster(cluster) => cluster,
+        };
+        let slot = slot_of(&keys);
+        let mut next: Option<(Arc<Node>, bool)> = None;
+        for _ in 0..=MAX_REDIRECTS {
+            let (node, asking) = match next.take() {
+                Some(target) => target,
+                None => (cluster.node_for(slot)?, false),
+            };
+            if !node.is_connected() && node.age() < NEW_NODE_GRACE {
+                // Nothing sent yet: waiting for a new node is safe.
+                node.wait_connected(NEW_NODE_GRACE).await;
+            }
+            match self.run_on(&node, script, &keys, &args, asking).await {
+                Sent::Reply(reply) => return Ok(reply),
+                Sent::Failed(e) => {
+                    cluster.refresh_soon();
+                    return Err(e);
+                }
+                Sent::Redirect(Redirect::Moved { slot, address }) => {
+                    next = Some((cluster.moved(slot, &address)?, false));
+                }
+                Sent::Redirect(Redirect::Ask { address }) => {
+                    next = Some((cluster.node_at(&address)?, true));
+                }
+                Sent::Redirect(Redirect::TryAgain) => tokio::time::sleep(TRYAGAIN_PAUSE).await,
+                Sent::Redirect(Redirect::Down(why)) => {
+                    cluster.refresh_soon();
+                    return Err(StoreError::Unavailable(format!(
+                        "Redis Cluster cannot serve slot {slot}: {why}"
+                    )));
+                }
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "Redis Cluster slot {slot}: more than {MAX_REDIRECTS} redirects in one call"
+        )))
+    }
+
+    /// One attempt on `node`, through its breaker.
+    async fn run_on(
+        &self,
+        node: &Node,
+        script: &Script,
+        keys: &[String],
+        args: &[Value],
+        asking: bool,
+    ) -> Sent {
+        let started = self.clock.now();
+        if self.breaker.is_some()
+            && let Err(e) = node.circuit.check(started)
+        {
+            return Sent::Failed(e);
+        }
+        let sent = node.run(script, keys, args, asking).await;
+        if let Some(config) = &self.breaker {
+            match &sent {
+                Sent::Reply(_) => node.circuit.succeeded(),
+                Sent::Failed(_) => node.circuit.failed(config, started, self.clock.now()),
+                Sent::Redirect(_) => {}
+            }
+        }
+        sent
+    }
+
+    /// The caller of a call on `slot` stopped waiting: counts against the
+    /// breaker of the node that serves it.
+    fn timed_out(&self, slot: u16, started: u64) {
+        let Some(config) = &self.breaker else {
+            return;
+        };
+        let node = match &self.route {
+            Route::Single(node) => node.clone(),
+            Route::Cluster(cluster) => match cluster.node_for(slot) {
+                Ok(node) => node,
+                Err(_) => return,
+            },
+        };
+        node.circuit.failed(config, started, self.clock.now());
+    }
+
+    /// Takes back the hits of `parts` (counted by decide.lua): one call per
+    /// slot, since a script may only touch keys of one slot. Each call waits
+    /// at most `timeout`; a refund that fails is logged (its hits stay
+    /// counted until their window passes).
+    async fn refund(self: &Arc<Self>, parts: Vec<(Owed, Vec<Answer>)>, timeout: Duration) {
+        let mut by_slot: Vec<(u16, Vec<String>, Vec<Value>)> = Vec::new();
+        for (owed, answers) in parts {
+            let slot = fred::util::redis_keyslot(owed.key.as_bytes());
+            let group = match by_slot.iter().position(|(s, _, _)| *s == slot) {
+                Some(g) => g,
+                None => {
+                    by_slot.push((slot, Vec::new(), Vec::new()));
+                    by_slot.len() - 1
+                }
+            };
+            let (_, group_keys, args) = &mut by_slot[group];
+            group_keys.push(owed.key);
+            args.push(Value::from(answers.len() as i64));
+            for (limit, answer) in owed.limits.iter().zip(&answers) {
+                args.extend(limit_args(limit));
+                args.extend([Value::from(answer.slot), hits(owed.hits)]);
+            }
+        }
+        let calls = by_slot.into_iter().map(|(_, keys, args)| {
+            tokio::time::timeout(timeout, self.clone().send(self.refund.clone(), keys, args))
+        });
+        for result in join_all(calls).await {
+            let error = match result {
+                Ok(Ok(_)) => continue,
+                Ok(Err(e)) => e,
+                Err(_) => StoreError::Timeout(timeout),
+            };
+            tracing::error!(error = %error, "could not refund hits counted for a request that was not admitted; they stay counted until their window passes");
+        }
+    }
+}
+
+/// What one item of a call counted, should it have to be taken back.
+struct Owed {
+    key: String,
+    limits: Vec<LimitSpec>,
+    hits: u64,
+}
+
+/// Waits for a call whose caller timed out; if its script counted, refunds
+/// those hits, so that the counters hold what callers were told.
+async fn reconcile(
+    shared: Arc<Shared>,
+    call: tokio::task::JoinHandle<Result<Vec<i64>, StoreError>>,
+    owed: Vec<Owed>,
+    expected: usize,
+) {
+    let reply = match tokio::time::timeout(RECONCILE_WAIT, call).await {
+        Ok(Ok(Ok(reply))) => reply,
+        // Not run (refused, not sent), or the connection went down after
+        // sending: nothing to take back that we can know of.
+        Ok(Ok(Err(e))) => {
+            tracing::debug!(error = %e, "a Redis call that timed out then failed");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "a Redis call task failed");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
+            return;
+        }
+    };
+    if reply.len() != expected || reply[0] != 1 {
+        // Not counted (rejected), or not a reply we can read.
+        return;
+    }
+    let mut values = answers(&reply);
+    let parts: Vec<(Owed, Vec<Answer>)> = owed
+        .into_iter()
+        .map(|o| {
+            let answers = values.by_ref().take(o.limits.len()).collect();
+            (o, answers)
+        })
+        .collect();
+    tracing::info!(
+        items = parts.len(),
+        "refunding a decision that ran after its caller's timeout"
+    );
+    shared.refund(parts, RECONCILE_WAIT).await;
 }
 
 fn hits(hits: u64) -> Value {
@@ -495,9 +598,26 @@ fn limit_args(limit: &LimitSpec) -> [Value; 4] {
 }
 
 impl CounterStore for RedisStore {
-    /// Ready while at least one connection is up.
+    fn script_runner(&self) -> Option<ScriptRunner> {
+        Some(ScriptRunner {
+            shared: self.shared.clone(),
+            prefix: self.prefix.clone(),
+        })
+    }
+
+    /// Ready while Redis can take calls: the one server connected (and its
+    /// breaker closed); on a Cluster, any primary connected. A Cluster with
+    /// a shard down still serves the other shards' slots, and taking this
+    /// replica out of rotation would not bring the shard back.
     fn is_ready(&self) -> bool {
-        self.pool.clients().iter().any(|c| c.is_connected())
+        match &self.shared.route {
+            Route::Single(node) => {
+                node.is_connected()
+                    && (self.shared.breaker.is_none()
+                        || !node.circuit.is_open(self.shared.clock.now()))
+            }
+            Route::Cluster(cluster) => cluster.is_ready(),
+        }
     }
 
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
@@ -506,9 +626,10 @@ impl CounterStore for RedisStore {
             .iter()
             .map(|i| i.identity.storage_key(&self.prefix))
             .collect();
-        let now = match &self.clock {
-            Some(clock) => Value::from(i64::try_from(clock.now()).unwrap_or(i64::MAX)),
-            None => Value::from(""),
+        let now = if self.local_time {
+            Value::from(i64::try_from(self.shared.clock.now()).unwrap_or(i64::MAX))
+        } else {
+            Value::from("")
         };
         // Group items by cluster slot; one group when not on a cluster.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -545,7 +666,8 @@ impl CounterStore for RedisStore {
         )
         .await;
         // Each item's limit outcomes and the slots its hits went to, and
-        // whether its group counted it.
+        // whether its group counted it. A group that timed out is
+        // reconciled on its own (see `decide_part`).
         let mut per_item: Vec<Option<ItemPart>> = vec![None; batch.items.len()];
         let mut error = None;
         for ((_, items), reply) in groups.iter().zip(&replies) {
@@ -568,7 +690,22 @@ impl CounterStore for RedisStore {
                 (item.role, over)
             }));
         if !admitted {
-            self.refund(batch, &keys, &per_item).await;
+            let parts = per_item
+                .iter()
+                .enumerate()
+                .filter_map(|(i, outcome)| match outcome {
+                    Some((answers, true)) => Some((
+                        Owed {
+                            key: keys[i].clone(),
+                            limits: batch.items[i].limits.clone(),
+                            hits: batch.items[i].hits,
+                        },
+                        answers.clone(),
+                    )),
+                    _ => None,
+                })
+                .collect();
+            self.shared.refund(parts, self.timeout).await;
         }
         if let Some(e) = error {
             return Err(e);
@@ -586,43 +723,6 @@ impl CounterStore for RedisStore {
             })
             .collect();
         Ok(BatchOutcome { admitted, limits })
-    }
-}
-
-impl RedisStore {
-    /// Takes back the hits of every item whose group counted it: one call
-    /// per slot, since a script may only touch keys of one slot.
-    async fn refund(&self, batch: &Batch, keys: &[String], per_item: &[Option<ItemPart>]) {
-        let mut by_slot: Vec<(u16, Vec<String>, Vec<Value>)> = Vec::new();
-        for (i, outcome) in per_item.iter().enumerate() {
-            let Some((answers, true)) = outcome else {
-                continue;
-            };
-            let item = &batch.items[i];
-            let slot = fred::util::redis_keyslot(keys[i].as_bytes());
-            let group = match by_slot.iter().position(|(s, _, _)| *s == slot) {
-                Some(g) => g,
-                None => {
-                    by_slot.push((slot, Vec::new(), Vec::new()));
-                    by_slot.len() - 1
-                }
-            };
-            let (_, group_keys, args) = &mut by_slot[group];
-            group_keys.push(keys[i].clone());
-            args.push(Value::from(answers.len() as i64));
-            for (limit, answer) in item.limits.iter().zip(answers) {
-                args.extend(limit_args(limit));
-                args.extend([Value::from(answer.slot), hits(item.hits)]);
-            }
-        }
-        let calls = by_slot
-            .into_iter()
-            .map(|(_, keys, args)| self.call(&self.refund, keys, args));
-        for result in join_all(calls).await {
-            if let Err(e) = result {
-                tracing::error!(error = %e, "could not refund the counted part of a rejected request; it stays counted until its window passes");
-            }
-        }
     }
 }
 
@@ -684,87 +784,4 @@ fn answers(reply: &[i64]) -> impl Iterator<Item = Answer> + '_ {
         full_after: count(v[6]),
         slot: v[7],
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_show_in_debug_or_display() {
-        let url = RedisUrl::new("redis://alice:s3cret@redis:6379/0");
-        assert_eq!(url.to_string(), "redis://alice:***@redis:6379/0");
-        assert!(!format!("{url:?}").contains("s3cret"));
-        assert_eq!(
-            RedisUrl::new("redis://redis:6379").to_string(),
-            "redis://redis:6379"
-        );
-    }
-
-    #[test]
-    fn a_separate_password_is_encoded_into_the_url() {
-        let password = "p@ss:w/rd %ü";
-        for (url, user) in [
-            ("redis://redis:6379/1", None),
-            ("redis://alice:@redis:6379", Some("alice")),
-            ("redis://stale@redis:6379", None),
-            ("redis://alice:old@redis:6379", Some("alice")),
-            ("redis://:old@redis:6379", None),
-            ("redis-cluster://a:7000,b:7001", None),
-            ("rediss-sentinel://s1:26379,s2:26379/mymaster", None),
-        ] {
-            let merged = RedisUrl::new(url).with_password(password);
-            let c = parse_url(&merged).unwrap_or_else(|e| panic!("{url}: {e}"));
-            assert_eq!(
-                (c.username.as_deref(), c.password.as_deref()),
-                (user, Some(password)),
-                "{url} -> {}",
-                merged.expose()
-            );
-            assert!(!merged.to_string().contains("p@ss"), "{merged}");
-        }
-        let merged = RedisUrl::new("redis://redis:6379/1").with_password("x");
-        assert_eq!(merged.expose(), "redis://:x@redis:6379/1");
-    }
-
-    #[test]
-    fn url_forms_map_to_fred_configs() {
-        let c = parse_url(&RedisUrl::new("redis://alice:p%40ss@127.0.0.1:7000/2")).unwrap();
-        assert_eq!(
-            (c.username.as_deref(), c.password.as_deref(), c.database),
-            (Some("alice"), Some("p@ss"), Some(2))
-        );
-        assert!(matches!(c.server, ServerConfig::Centralized { .. }));
-        let c = parse_url(&RedisUrl::new(
-            "redis-cluster://127.0.0.1:7000,127.0.0.1:7001",
-        ))
-        .unwrap();
-        assert!(matches!(c.server, ServerConfig::Clustered { ref hosts, .. } if hosts.len() == 2));
-        let c = parse_url(&RedisUrl::new(
-            "redis-sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster",
-        ))
-        .unwrap();
-        assert!(
-            matches!(c.server, ServerConfig::Sentinel { ref service_name, .. } if service_name == "mymaster")
-        );
-        assert!(
-            parse_url(&RedisUrl::new("rediss://redis:6380"))
-                .unwrap()
-                .tls
-                .is_some()
-        );
-        for bad in [
-            "redis:/x",
-            "http://h:1",
-            "redis://h:notaport",
-            "redis://a:1,b:2",
-            "redis-sentinel://h:1",
-            "redis://h:1/db",
-        ] {
-            assert!(
-                parse_url(&RedisUrl::new(bad)).is_err(),
-                "{bad} should be rejected"
-            );
-        }
-    }
 }

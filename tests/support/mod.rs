@@ -263,6 +263,7 @@ pub async fn redis_store(
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,
+        breaker: None,
         key_prefix: unique_prefix(),
         time,
     };

@@ -686,22 +686,19 @@ impl RedisCluster {
     /// Starts three nodes, joins them with `redis-cli --cluster create` and
     /// waits until every node reports the cluster healthy.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| {
-                thread::spawn(|| {
-                    RedisServer::start_inner(
-                        &[
-                            "--cluster-enabled",
-                            "yes",
-                            "--cluster-config-file",
-                            "nodes.conf",
-                            "--cluster-node-timeout",
-                            "5000",
-                        ],
-                        true,
-                    )
-                })
-            })
+        Self::start_shaped(3, 0, 5000)
+    }
+
+    /// Three masters and three replicas (one each), with a short
+    /// `cluster-node-timeout` (1 s) so that failover tests stay quick.
+    pub fn start_with_replicas() -> RedisCluster {
+        Self::start_shaped(3, 1, 1000)
+    }
+
+    fn start_shaped(masters: usize, replicas: usize, node_timeout_ms: u32) -> RedisCluster {
+        let count = masters * (1 + replicas);
+        let nodes: Vec<RedisServer> = (0..count)
+            .map(|_| thread::spawn(move || Self::start_node(node_timeout_ms)))
             .collect::<Vec<_>>()
             .into_iter()
             .map(|handle| handle.join().expect("start a cluster node"))
@@ -710,13 +707,62 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
+        let replicas = replicas.to_string();
         let mut args = vec!["--cluster", "create"];
         args.extend(addresses.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         run_redis_cli(&args);
         let cluster = RedisCluster { nodes };
         cluster.wait_ok();
+        cluster.wait_replicas_synced();
         cluster
+    }
+
+    /// Waits (up to 20 s) until every running replica's link to its master
+    /// is up, so that a replica can take over a killed master.
+    pub fn wait_replicas_synced(&self) {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            loop {
+                let info = node.command(&["INFO", "replication"]);
+                let replica = info.lines().any(|l| l.trim() == "role:slave");
+                if !replica || info.lines().any(|l| l.trim() == "master_link_status:up") {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    panic!(
+                        "replica on port {} not in sync within {CLUSTER_TIMEOUT:?}: {info}",
+                        node.port()
+                    );
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    fn start_node(node_timeout_ms: u32) -> RedisServer {
+        let timeout = node_timeout_ms.to_string();
+        RedisServer::start_inner(
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                &timeout,
+                // Replicas sync at once (not after the 5 s default), and a
+                // replica may always take over, however old its data.
+                "--repl-diskless-sync-delay",
+                "0",
+                "--cluster-replica-validity-factor",
+                "0",
+                // A dead master's slots fail; the others keep serving (the
+                // default refuses every slot while any is uncovered).
+                "--cluster-require-full-coverage",
+                "no",
+            ],
+            true,
+        )
     }
 
     /// Waits (up to 20 s) until every running node reports `cluster_state:ok`,
@@ -747,6 +793,136 @@ impl RedisCluster {
             }
             thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The node id of the node on `port` (`CLUSTER MYID`).
+    pub fn node_id(&self, port: u16) -> String {
+        command(port, &["CLUSTER", "MYID"])
+    }
+
+    /// The ports of the running nodes that are masters owning slots now.
+    pub fn master_ports(&self) -> Vec<u16> {
+        let mut ports: Vec<u16> = (0..CLUSTER_SLOTS)
+            .step_by(64)
+            .map(|slot| self.port_for_slot(slot))
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
+    /// The index in [`RedisCluster::nodes`] of the node on `port`.
+    pub fn index_of(&self, port: u16) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no node on port {port}"))
+    }
+
+    /// The running replica of the master on `master_port`.
+    pub fn replica_of(&self, master_port: u16) -> u16 {
+        let id = self.node_id(master_port);
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running() && n.port() != master_port)
+            .map(RedisServer::port)
+            .find(|&port| {
+                let info = command(port, &["CLUSTER", "NODES"]);
+                info.lines().any(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    fields.len() > 3 && fields[2].contains("myself") && fields[3] == id
+                })
+            })
+            .unwrap_or_else(|| panic!("no replica of the master on port {master_port}"))
+    }
+
+    /// Starts moving `slot` to the master on `to`: IMPORTING on the target,
+    /// MIGRATING on the source. Keys stay on the source until
+    /// [`SlotMove::move_keys`]; [`SlotMove::finish`] hands the slot over.
+    pub fn begin_slot_move(&self, slot: u16, to: u16) -> SlotMove {
+        let from = self.port_for_slot(slot);
+        assert_ne!(from, to, "slot {slot} is already on port {to}");
+        let slot_text = slot.to_string();
+        let from_id = self.node_id(from);
+        let to_id = self.node_id(to);
+        expect_ok(
+            to,
+            &["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &from_id],
+        );
+        expect_ok(
+            from,
+            &["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &to_id],
+        );
+        SlotMove {
+            slot,
+            from,
+            to,
+            to_id,
+        }
+    }
+
+    /// Moves `slot` to the master on `to` in one go (keys included).
+    pub fn move_slot(&self, slot: u16, to: u16) {
+        let moving = self.begin_slot_move(slot, to);
+        moving.move_keys();
+        moving.finish(&self.master_ports_with(to));
+    }
+
+    /// Every master port, plus `extra` (a master that owns no slot yet).
+    fn master_ports_with(&self, extra: u16) -> Vec<u16> {
+        let mut ports = self.master_ports();
+        if !ports.contains(&extra) {
+            ports.push(extra);
+        }
+        ports
+    }
+
+    /// Promotes the replica on `replica_port` with `CLUSTER FAILOVER` (the
+    /// coordinated, manual kind) and waits until it is a master and the
+    /// cluster is healthy.
+    pub fn failover(&self, replica_port: u16) {
+        expect_ok(replica_port, &["CLUSTER", "FAILOVER"]);
+        self.wait_master(replica_port);
+    }
+
+    /// Waits (up to 20 s) until the node on `port` is a master owning slots
+    /// and every running node reports the cluster healthy.
+    pub fn wait_master(&self, port: u16) {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            let role = query(port, &["ROLE"]);
+            let master = role
+                .items()
+                .first()
+                .is_some_and(|r| r.to_string() == "master");
+            if master && self.master_ports().contains(&port) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                panic!("node on port {port} not promoted within {CLUSTER_TIMEOUT:?}: {role}");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_ok();
+    }
+
+    /// Starts a new empty master, joins it with `CLUSTER MEET` and waits
+    /// until every node knows it. Returns its port.
+    pub fn add_master(&mut self) -> u16 {
+        let node = Self::start_node(1000);
+        let port = node.port();
+        let first = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running())
+            .expect("a running node");
+        expect_ok(
+            port,
+            &["CLUSTER", "MEET", "127.0.0.1", &first.port().to_string()],
+        );
+        self.nodes.push(node);
+        self.wait_ok();
+        port
     }
 
     /// The nodes' ports, in creation order.
@@ -786,7 +962,23 @@ impl RedisCluster {
 
     /// The port of the master that owns `slot`, as the first running node
     /// sees it (`CLUSTER NODES`).
+    ///
+    /// During a failover a node's view may briefly show no master for the
+    /// slot; this polls (up to 20 s) until one does.
     pub fn port_for_slot(&self, slot: u16) -> u16 {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            match self.try_port_for_slot(slot) {
+                Ok(port) => return port,
+                Err(nodes) if Instant::now() >= deadline => {
+                    panic!("no master owns slot {slot}:\n{nodes}")
+                }
+                Err(_) => thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    fn try_port_for_slot(&self, slot: u16) -> Result<u16, String> {
         let node = self
             .nodes
             .iter()
@@ -809,12 +1001,12 @@ impl RedisCluster {
             if owns {
                 let address = fields[1].split('@').next().unwrap_or_default();
                 let port = address.rsplit(':').next().unwrap_or_default();
-                return port
+                return Ok(port
                     .parse()
-                    .unwrap_or_else(|_| panic!("bad address in CLUSTER NODES: {line}"));
+                    .unwrap_or_else(|_| panic!("bad address in CLUSTER NODES: {line}")));
             }
         }
-        panic!("no master owns slot {slot}:\n{nodes}");
+        Err(nodes)
     }
 
     /// The port of the master that owns `key`'s slot.
@@ -870,4 +1062,53 @@ pub fn shared() -> &'static RedisServer {
 pub fn shared_cluster() -> &'static RedisCluster {
     static CLUSTER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
     CLUSTER.get_or_init(RedisCluster::start)
+}
+
+/// Runs a command that must answer `OK`.
+fn expect_ok(port: u16, args: &[&str]) {
+    let reply = query(port, args);
+    assert_eq!(reply, Reply::Simple("OK".into()), "{args:?} on port {port}");
+}
+
+/// A slot on its way from one master to another (see
+/// [`RedisCluster::begin_slot_move`]).
+pub struct SlotMove {
+    pub slot: u16,
+    pub from: u16,
+    pub to: u16,
+    to_id: String,
+}
+
+impl SlotMove {
+    /// Copies every key of the slot to the target (`MIGRATE`), in batches,
+    /// as `redis-cli --cluster reshard` does.
+    pub fn move_keys(&self) {
+        let slot = self.slot.to_string();
+        let to = self.to.to_string();
+        loop {
+            let keys = query(self.from, &["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
+            let keys: Vec<String> = keys.items().iter().map(ToString::to_string).collect();
+            if keys.is_empty() {
+                return;
+            }
+            let mut args = vec!["MIGRATE", "127.0.0.1", &to, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().map(String::as_str));
+            let reply = query(self.from, &args);
+            assert!(!reply.is_error(), "MIGRATE of slot {slot}: {reply}");
+        }
+    }
+
+    /// Assigns the slot to the target on the target, the source and every
+    /// other master in `masters` (`SETSLOT … NODE`), as `redis-cli` does.
+    pub fn finish(&self, masters: &[u16]) {
+        let slot = self.slot.to_string();
+        let set = ["CLUSTER", "SETSLOT", &slot, "NODE", &self.to_id];
+        expect_ok(self.to, &set);
+        expect_ok(self.from, &set);
+        for &port in masters {
+            if port != self.to && port != self.from {
+                expect_ok(port, &set);
+            }
+        }
+    }
 }

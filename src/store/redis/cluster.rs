@@ -1,0 +1,388 @@
+//! Redis Cluster routing, done here rather than in fred.
+//!
+//! Why not fred's clustered client: fred follows `MOVED`/`ASK` inside its
+//! router task, and with one command attempt (which a script that counts
+//! needs: it must never be sent twice) an `ASK` ends the client's connection
+//! task for good ("Max attempts reached"), so a routine slot migration left
+//! every connection dead. Allowing more attempts is not safe either: fred puts
+//! the in-flight commands of a dropped connection back in its retry buffer,
+//! so a script that may have run would be sent again.
+//!
+//! So: one [`Node`] (a few centralized fred clients that never resend) per
+//! primary, and a slot table (16384 entries) read from `CLUSTER SLOTS` of any
+//! reachable node. Redis answers `MOVED`, `ASK`, `TRYAGAIN` and
+//! `CLUSTERDOWN` before running a script, so on those the call may safely go
+//! again (see [`super::RedisStore`]): `MOVED` updates the slot and schedules a
+//! refresh; `ASK` goes once to the named node after `ASKING`, without
+//! touching the table; `TRYAGAIN` waits a few ms. Connection errors and
+//! timeouts are never resent; they fail that slot group and schedule a
+//! refresh. Refreshes are rate-limited ([`MIN_REFRESH_GAP`]) and also run
+//! every [`REFRESH_EVERY`], so a failover that sends no `MOVED` is noticed.
+//! Nodes that appear get clients; nodes that leave are closed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use fred::prelude::{Config, Server, ServerConfig};
+use fred::types::Value;
+use parking_lot::{Mutex, RwLock};
+
+use super::node::{Node, NodeName};
+use crate::store::StoreError;
+
+/// Hash slots of a Redis Cluster.
+const SLOTS: usize = 16384;
+/// Refreshes asked for by failures come at most this often.
+const MIN_REFRESH_GAP: Duration = Duration::from_millis(200);
+/// The topology is read again this often regardless.
+const REFRESH_EVERY: Duration = Duration::from_secs(2);
+/// How long a node that owns no slot (one learned from `ASK`) is kept.
+const KEEP_UNLISTED: Duration = Duration::from_secs(10);
+/// How long one node may take to answer `CLUSTER SLOTS`.
+const SLOTS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Which node serves each slot, and every node's clients.
+struct Topology {
+    slots: Vec<Option<Arc<Node>>>,
+    nodes: HashMap<NodeName, Arc<Node>>,
+}
+
+/// The routing state of one Redis Cluster.
+pub(super) struct Cluster {
+    /// The URL's hosts: asked when no known node answers.
+    seeds: Vec<Server>,
+    /// Credentials and TLS of every node's clients.
+    template: Config,
+    pool_size: usize,
+    connect_timeout: Duration,
+    /// Read by every call (an `Arc` clone under a read lock); written by
+    /// refreshes and `MOVED`.
+    topology: RwLock<Topology>,
+    /// When the last refresh began; `None` before the first. Also keeps
+    /// two refreshes from running at once.
+    refreshing: Mutex<RefreshState>,
+}
+
+#[derive(Default)]
+struct RefreshState {
+    last: Option<Instant>,
+    running: bool,
+}
+
+impl Cluster {
+    /// Reads the topology from the seeds (waiting at most `connect_timeout`)
+    /// and starts the periodic refresh. A cluster not reachable yet gives an
+    /// empty table: calls fail UNAVAILABLE until a refresh finds it.
+    pub(super) async fn connect(
+        config: Config,
+        seeds: Vec<Server>,
+        pool_size: usize,
+        connect_timeout: Duration,
+    ) -> Arc<Cluster> {
+        let cluster = Arc::new(Cluster {
+            seeds,
+            template: config,
+            pool_size,
+            connect_timeout,
+            topology: RwLock::new(Topology {
+                slots: vec![None; SLOTS],
+                nodes: HashMap::new(),
+            }),
+            refreshing: Mutex::new(RefreshState::default()),
+        });
+        // Each seed gets its share of the wait, so that unreachable seeds
+        // cannot hold start-up longer than `connect_timeout` in all. (Not a
+        // timeout around the refresh: a cancelled one could leave a seed's
+        // client reconnecting for good.)
+        let share = connect_timeout / u32::try_from(cluster.seeds.len().max(1)).unwrap_or(1);
+        if let Err(e) = cluster.refresh(share).await {
+            tracing::warn!(error = %e, "Redis Cluster topology not readable yet; requests fail UNAVAILABLE until it is");
+        }
+        tokio::spawn(refresh_periodically(Arc::downgrade(&cluster)));
+        cluster
+    }
+
+    /// The node serving `slot`.
+    pub(super) fn node_for(self: &Arc<Self>, slot: u16) -> Result<Arc<Node>, StoreError> {
+        let found = self.topology.read().slots[usize::from(slot) % SLOTS].clone();
+        found.ok_or_else(|| {
+            self.refresh_soon();
+            StoreError::Unavailable(format!("no Redis Cluster node serves slot {slot}"))
+        })
+    }
+
+    /// Every node, e.g. to load scripts or report readiness.
+    pub(super) fn nodes(&self) -> Vec<Arc<Node>> {
+        self.topology.read().nodes.values().cloned().collect()
+    }
+
+    /// The node at `address`, created (and connecting) if it is new.
+    pub(super) fn node_at(&self, address: &str) -> Result<Arc<Node>, StoreError> {
+        if let Some(node) = self.topology.read().nodes.get(address) {
+            return Ok(node.clone());
+        }
+        let node = Arc::new(self.new_node(address)?);
+        let mut topology = self.topology.write();
+        Ok(topology
+            .nodes
+            .entry(node.name().clone())
+            .or_insert(node)
+            .clone())
+    }
+
+    /// `MOVED`: the slot lives at `address` now.
+    pub(super) fn moved(
+        self: &Arc<Self>,
+        slot: u16,
+        address: &str,
+    ) -> Result<Arc<Node>, StoreError> {
+        let node = self.node_at(address)?;
+        self.topology.write().slots[usize::from(slot) % SLOTS] = Some(node.clone());
+        self.refresh_soon();
+        Ok(node)
+    }
+
+    /// Whether any node has a connection up. A cluster with one shard down
+    /// still serves the others' slots, so it stays ready: taking this
+    /// replica out of rotation would not bring the shard back.
+    pub(super) fn is_ready(&self) -> bool {
+        self.topology
+            .read()
+            .nodes
+            .values()
+            .any(|n| n.is_connected())
+    }
+
+    /// Closes every node.
+    pub(super) async fn quit(&self) {
+        let nodes = self.nodes();
+        futures_util::future::join_all(nodes.iter().map(|n| n.quit())).await;
+    }
+
+    /// Schedules a refresh in the background, unless one ran lately.
+    pub(super) fn refresh_soon(self: &Arc<Self>) {
+        {
+            let mut state = self.refreshing.lock();
+            if state.running || state.last.is_some_and(|t| t.elapsed() < MIN_REFRESH_GAP) {
+                return;
+            }
+            state.running = true;
+            state.last = Some(Instant::now());
+        }
+        let cluster = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = cluster.read_topology(SLOTS_TIMEOUT).await {
+                tracing::warn!(error = %e, "Redis Cluster topology refresh failed");
+            }
+            cluster.refreshing.lock().running = false;
+        });
+    }
+
+    /// A refresh now (waiting for a running one's turn is not needed: the
+    /// caller is start-up or the periodic task).
+    async fn refresh(&self, wait: Duration) -> Result<(), StoreError> {
+        {
+            let mut state = self.refreshing.lock();
+            if state.running {
+                return Ok(());
+            }
+            state.running = true;
+            state.last = Some(Instant::now());
+        }
+        let result = self.read_topology(wait).await;
+        self.refreshing.lock().running = false;
+        result
+    }
+
+    /// Asks the known nodes (connected ones first), then the seeds, for
+    /// `CLUSTER SLOTS`, and installs the first answer.
+    async fn read_topology(&self, wait: Duration) -> Result<(), StoreError> {
+        let mut known = self.nodes();
+        known.sort_by_key(|n| !n.is_connected());
+        for node in &known {
+            node.renew();
+        }
+        let mut last = StoreError::Unavailable("no Redis Cluster node to ask".into());
+        for node in &known {
+            match self.ask(node, wait).await {
+                Ok(ranges) => return self.install(ranges),
+                Err(e) => last = e,
+            }
+        }
+        for seed in &self.seeds {
+            let address = format!("{}:{}", seed.host, seed.port);
+            if known.iter().any(|n| **n.name() == address) {
+                continue;
+            }
+            let node = self.new_node(&address)?;
+            let answer = if node.wait_connected(wait).await {
+                self.ask(&node, wait).await
+            } else {
+                Err(node.down())
+            };
+            // Kept only if the topology names it (as a fresh node then).
+            node.quit().await;
+            match answer {
+                Ok(ranges) => return self.install(ranges),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// `CLUSTER SLOTS` of one node: `(first, last, address)` per range.
+    async fn ask(
+        &self,
+        node: &Node,
+        wait: Duration,
+    ) -> Result<Vec<(u16, u16, String)>, StoreError> {
+        let reply: Value =
+            tokio::time::timeout(wait, node.command("CLUSTER", vec![Value::from("SLOTS")]))
+                .await
+                .map_err(|_| StoreError::Timeout(wait))??;
+        let asked_host = node
+            .name()
+            .rsplit_once(':')
+            .map_or("", |(h, _)| h)
+            .to_owned();
+        parse_slots(reply, &asked_host).ok_or_else(|| {
+            StoreError::Unavailable(format!(
+                "unexpected CLUSTER SLOTS reply from {}",
+                node.name()
+            ))
+        })
+    }
+
+    /// Makes `ranges` the slot table: new primaries get clients, primaries
+    /// that left are closed.
+    fn install(&self, ranges: Vec<(u16, u16, String)>) -> Result<(), StoreError> {
+        let mut nodes: HashMap<NodeName, Arc<Node>> = HashMap::new();
+        let mut slots = vec![None; SLOTS];
+        let old = self.topology.read().nodes.clone();
+        for (first, last, address) in ranges {
+            let node = match nodes
+                .get(address.as_str())
+                .or_else(|| old.get(address.as_str()))
+            {
+                Some(node) => node.clone(),
+                None => Arc::new(self.new_node(&address)?),
+            };
+            nodes.insert(node.name().clone(), node.clone());
+            let range = usize::from(first)..=usize::from(last).min(SLOTS - 1);
+            if let Some(entries) = slots.get_mut(range) {
+                entries.fill(Some(node.clone()));
+            }
+        }
+        let mut gone = Vec::new();
+        for (name, node) in old {
+            if nodes.contains_key(&name) {
+                continue;
+            }
+            if node.age() < KEEP_UNLISTED {
+                // Learned from an ASK: the target of a migration owns no
+                // slot yet, and more ASKs for it are likely.
+                nodes.insert(name, node);
+            } else {
+                gone.push(node);
+            }
+        }
+        *self.topology.write() = Topology { slots, nodes };
+        for node in gone {
+            // A node that answered MOVED a moment ago may be a replica now;
+            // calls holding it finish on their own clients first.
+            tokio::spawn(async move { node.quit().await });
+        }
+        Ok(())
+    }
+
+    fn new_node(&self, address: &str) -> Result<Node, StoreError> {
+        let (host, port) = address
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            .ok_or_else(|| {
+                StoreError::Unavailable(format!("bad Redis Cluster address '{address}'"))
+            })?;
+        let mut config = self.template.clone();
+        config.server = ServerConfig::Centralized {
+            server: Server::new(host.trim_start_matches('[').trim_end_matches(']'), port),
+        };
+        Node::new(address.into(), config, self.pool_size, self.connect_timeout)
+    }
+}
+
+/// Reads the topology every [`REFRESH_EVERY`] until the cluster is dropped.
+async fn refresh_periodically(cluster: Weak<Cluster>) {
+    loop {
+        tokio::time::sleep(REFRESH_EVERY).await;
+        let Some(cluster) = cluster.upgrade() else {
+            return;
+        };
+        if let Err(e) = cluster.refresh(SLOTS_TIMEOUT).await {
+            tracing::warn!(error = %e, "Redis Cluster topology refresh failed");
+        }
+    }
+}
+
+/// `CLUSTER SLOTS`: `[[first, last, [host, port, id, …], replicas…], …]`. An
+/// empty host means "the node you asked".
+fn parse_slots(reply: Value, asked_host: &str) -> Option<Vec<(u16, u16, String)>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return None;
+        };
+        let mut parts = parts.into_iter();
+        let first = u16::try_from(parts.next()?.as_i64()?).ok()?;
+        let last = u16::try_from(parts.next()?.as_i64()?).ok()?;
+        let Value::Array(primary) = parts.next()? else {
+            return None;
+        };
+        let mut primary = primary.into_iter();
+        let host = primary.next()?.as_string()?;
+        let port = primary.next()?.as_i64()?;
+        let host = if host.is_empty() || host == "?" {
+            asked_host.to_owned()
+        } else {
+            host
+        };
+        out.push((first, last, format!("{host}:{port}")));
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_slots_replies_become_ranges() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::from(host),
+                Value::from(port),
+                Value::from("id"),
+            ])
+        };
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::from(0),
+                Value::from(5460),
+                node("10.0.0.1", 7000),
+                node("10.0.0.4", 7003),
+            ]),
+            Value::Array(vec![Value::from(5461), Value::from(16383), node("", 7001)]),
+        ]);
+        assert_eq!(
+            parse_slots(reply, "10.0.0.9"),
+            Some(vec![
+                (0, 5460, "10.0.0.1:7000".into()),
+                (5461, 16383, "10.0.0.9:7001".into())
+            ])
+        );
+        assert_eq!(parse_slots(Value::from("x"), ""), None);
+    }
+}
