@@ -362,17 +362,19 @@ async fn the_admin_page_shows_assignments_per_bucket() {
     server.stop().await;
 }
 
-async fn redis_replica(redis: &RedisServer) -> Server {
-    replica_on(&redis.url()).await
+async fn redis_replica(redis: &RedisServer, prefix: &str) -> Server {
+    replica_on(&redis.url(), prefix).await
 }
 
-async fn replica_on(url: &str) -> Server {
+/// A replica on `url`; replicas given one key prefix are one deployment.
+async fn replica_on(url: &str, prefix: &str) -> Server {
     let clock = Arc::new(ManualClock::new(support::T0));
-    let store = support::redis_store(
+    let store = support::redis_store_sharing(
         url,
         clock.clone(),
         TimeSource::Redis,
         Duration::from_secs(1),
+        prefix,
     )
     .await;
     Server::start_with_store(RULES, HeaderMode::Off, store, clock).await
@@ -406,7 +408,11 @@ async fn replicas_sharing_redis_cluster_split_one_budget_between_their_streams()
 }
 
 async fn replicas_split_one_budget(url: &str) {
-    let (one, two) = (replica_on(url).await, replica_on(url).await);
+    let prefix = support::unique_prefix();
+    let (one, two) = (
+        replica_on(url, &prefix).await,
+        replica_on(url, &prefix).await,
+    );
     let mut a = Envoy::connect(&one).await;
     let mut b = Envoy::connect(&two).await;
     // Steady demands from the first report on: A offers 3/s, B 0.2/s.
@@ -496,7 +502,11 @@ async fn reflection_lists_the_quota_service_beside_rls() {
 #[tokio::test]
 async fn with_redis_down_a_replica_answers_from_what_it_last_heard() {
     let mut redis = RedisServer::start();
-    let (one, two) = (redis_replica(&redis).await, redis_replica(&redis).await);
+    let prefix = support::unique_prefix();
+    let (one, two) = (
+        redis_replica(&redis, &prefix).await,
+        redis_replica(&redis, &prefix).await,
+    );
     let mut a = Envoy::connect(&one).await;
     let mut b = Envoy::connect(&two).await;
     a.report(0, &[("hot", 15, 0)]).await;

@@ -220,11 +220,13 @@ impl Sluice {
         Self::start_with_store(rules, grpc, store).await
     }
 
-    /// A replica over Redis at `url` (RLQS then shares demand through it).
-    async fn start_on_redis(rules: &str, url: &str) -> Self {
+    /// A replica over Redis at `url` under key `prefix` (RLQS then shares
+    /// demand through it with the replicas of the same prefix).
+    async fn start_on_redis(rules: &str, url: &str, prefix: &str) -> Self {
         let clock = Arc::new(ManualClock::new(support::T0));
+        let timeout = Duration::from_secs(1);
         let store =
-            support::redis_store(url, clock, TimeSource::Redis, Duration::from_secs(1)).await;
+            support::redis_store_sharing(url, clock, TimeSource::Redis, timeout, prefix).await;
         Self::start_with_store(rules, ([127, 0, 0, 1], 0).into(), store).await
     }
 
@@ -403,8 +405,9 @@ async fn two_envoys_with_uneven_demand_hold_the_global_budget_across_a_restart()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_envoys_on_two_replicas_sharing_redis_hold_one_budget() {
     let redis = RedisServer::start();
-    let one = Sluice::start_on_redis(TWO_ENVOY_RULES, &redis.url()).await;
-    let two = Sluice::start_on_redis(TWO_ENVOY_RULES, &redis.url()).await;
+    let prefix = support::unique_prefix();
+    let one = Sluice::start_on_redis(TWO_ENVOY_RULES, &redis.url(), &prefix).await;
+    let two = Sluice::start_on_redis(TWO_ENVOY_RULES, &redis.url(), &prefix).await;
     let app = upstream();
     // Each Envoy's stream lands on its own replica.
     let (a, b) = (Envoy::start(one.grpc, app), Envoy::start(two.grpc, app));

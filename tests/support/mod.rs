@@ -259,12 +259,24 @@ pub async fn redis_store(
     time: TimeSource,
     timeout: Duration,
 ) -> RedisStore {
+    redis_store_sharing(url, clock, time, timeout, &unique_prefix()).await
+}
+
+/// A Redis store on `url` under `prefix`: stores given one prefix share
+/// their keys, as replicas of one deployment do.
+pub async fn redis_store_sharing(
+    url: &str,
+    clock: Arc<ManualClock>,
+    time: TimeSource,
+    timeout: Duration,
+    prefix: &str,
+) -> RedisStore {
     let config = RedisStoreConfig {
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,
         breaker: None,
-        key_prefix: unique_prefix(),
+        key_prefix: prefix.to_owned(),
         time,
     };
     RedisStore::connect(&config, clock, Duration::from_secs(10))
