@@ -280,11 +280,21 @@ impl Node {
         self.created.elapsed()
     }
 
-    /// Closes every connection, waiting at most two seconds: a connection
-    /// stuck in reconnect back-off must not hold anyone up.
+    /// Closes every connection. A client that is not connected (still
+    /// connecting, or in reconnect back-off) would hold `QUIT` until it
+    /// connects, so its connection task is stopped instead; the connected
+    /// ones get at most two seconds.
     pub(super) async fn quit(&self) {
-        let clients: Vec<Client> = self.conns.iter().map(|c| c.read().client.clone()).collect();
-        let all = futures_util::future::join_all(clients.iter().map(|c| c.quit()));
+        let mut connected = Vec::new();
+        for conn in &self.conns {
+            let conn = conn.read();
+            if conn.client.is_connected() {
+                connected.push(conn.client.clone());
+            } else {
+                conn.task.abort();
+            }
+        }
+        let all = futures_util::future::join_all(connected.iter().map(|c| c.quit()));
         let _ = tokio::time::timeout(Duration::from_secs(2), all).await;
     }
 }
