@@ -29,27 +29,28 @@
 //! breaker is closed).
 
 mod cluster;
+mod info;
 mod node;
 mod url;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::{ClientLike, ClusterInterface};
-use fred::prelude::{Builder, Server, ServerConfig};
+use fred::prelude::ServerConfig;
+use fred::types::Value;
 use fred::types::scripts::Script;
-use fred::types::{ClusterHash, CustomCommand, Value};
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use self::cluster::Cluster;
+pub use self::info::server_info;
 use self::node::{Node, Redirect, Sent};
 pub use self::url::RedisUrl;
 use self::url::parse_url;
-use super::{
-    Batch, BatchOutcome, BreakerConfig, CounterStore, LimitOutcome, StoreError, counted_used,
-};
-use crate::limiter::{Algorithm, Clock, LimitSpec, Role, admits};
+use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
+use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
+use crate::limiter::{Clock, LimitSpec, Role, admits};
 
 const DECIDE: &str = include_str!("redis/decide.lua");
 const REFUND: &str = include_str!("redis/refund.lua");
@@ -166,59 +167,6 @@ impl ScriptRunner {
             .send(script.0.clone(), vec![key], args)
             .await
     }
-}
-
-/// `INFO commandstats` and `INFO cpu` of every primary that `url` names: the
-/// one server, or each primary of a cluster. For `sluice bench`, which reads
-/// what a run cost the Redis behind any RLS server.
-pub async fn server_info(url: &RedisUrl) -> Result<Vec<String>, StoreError> {
-    let config = parse_url(url)
-        .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL {url}: {e}")))?;
-    let cluster = matches!(config.server, ServerConfig::Clustered { .. });
-    let client = Builder::from_config(config)
-        .with_connection_config(|c| c.connection_timeout = Duration::from_secs(5))
-        .build()
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-    client
-        .init()
-        .await
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-    // `None`: the one server the client is connected to.
-    let servers: Vec<Option<Server>> = if cluster {
-        client
-            .cached_cluster_state()
-            .map(|state| state.unique_primary_nodes())
-            .unwrap_or_default()
-            .into_iter()
-            .map(Some)
-            .collect()
-    } else {
-        vec![None]
-    };
-    let mut texts = Vec::with_capacity(servers.len());
-    for server in servers {
-        // One section per INFO: Redis before 7.0 takes only one.
-        let mut text = String::new();
-        for section in ["commandstats", "cpu"] {
-            let command = CustomCommand::new_static("INFO", ClusterHash::Random, false);
-            let args = vec![Value::from(section)];
-            let part: String = match &server {
-                Some(server) => {
-                    client
-                        .with_cluster_node(server.clone())
-                        .custom(command, args)
-                        .await
-                }
-                None => client.custom(command, args).await,
-            }
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-            text.push_str(&part);
-            text.push_str("\r\n");
-        }
-        texts.push(text);
-    }
-    let _ = client.quit().await;
-    Ok(texts)
 }
 
 impl RedisStore {
@@ -575,28 +523,6 @@ async fn reconcile(
     shared.refund(parts, RECONCILE_WAIT).await;
 }
 
-fn hits(hits: u64) -> Value {
-    Value::from(i64::try_from(hits).unwrap_or(i64::MAX))
-}
-
-/// `requests, duration_ms, algorithm, param` of one limit, as both scripts
-/// take them.
-fn limit_args(limit: &LimitSpec) -> [Value; 4] {
-    let int = |n: u64| Value::from(i64::try_from(n).unwrap_or(i64::MAX));
-    let (algorithm, param) = match limit.window.algorithm {
-        Algorithm::SlidingWindow { precision_ms } => (0, precision_ms),
-        Algorithm::FixedWindow => (1, 0),
-        Algorithm::TokenBucket { burst } => (2, burst),
-        Algorithm::SlidingLog => (3, 0),
-    };
-    [
-        int(limit.requests),
-        int(limit.window.duration_ms),
-        Value::from(algorithm),
-        int(param),
-    ]
-}
-
 impl CounterStore for RedisStore {
     fn script_runner(&self) -> Option<ScriptRunner> {
         Some(ScriptRunner {
@@ -724,64 +650,4 @@ impl CounterStore for RedisStore {
             .collect();
         Ok(BatchOutcome { admitted, limits })
     }
-}
-
-/// One item's answers from its slot group, and whether the group counted it.
-type ItemPart = (Vec<Answer>, bool);
-
-/// Values per limit in a decide.lua reply.
-const ANSWER_LEN: usize = 8;
-
-/// One limit's answer from decide.lua.
-#[derive(Clone, Copy, Debug)]
-struct Answer {
-    before: u64,
-    pending: u64,
-    over: bool,
-    /// Until headroom grows, before this request was counted.
-    reset_before: u64,
-    /// The same after it was counted (equal when nothing was counted).
-    reset_after: u64,
-    /// For how long no hit can fit, before this request was counted.
-    full_before: u64,
-    /// The same after it was counted.
-    full_after: u64,
-    /// The bucket or window the hits went to, for a refund.
-    slot: i64,
-}
-
-impl Answer {
-    /// The outcome to report: after the request when it was admitted, the
-    /// counter as it stands otherwise (also for a refunded Cluster part).
-    fn outcome(self, admitted: bool, hits: u64) -> LimitOutcome {
-        LimitOutcome {
-            used: counted_used(admitted, self.before, self.pending, hits),
-            over: self.over,
-            reset_ms: if admitted {
-                self.reset_after
-            } else {
-                self.reset_before
-            },
-            full_for_ms: if admitted {
-                self.full_after
-            } else {
-                self.full_before
-            },
-        }
-    }
-}
-
-/// The per-limit answers of a decide.lua reply.
-fn answers(reply: &[i64]) -> impl Iterator<Item = Answer> + '_ {
-    let count = |v: i64| u64::try_from(v).unwrap_or(0);
-    reply[2..].chunks(ANSWER_LEN).map(move |v| Answer {
-        before: count(v[0]),
-        pending: count(v[1]),
-        over: v[2] == 1,
-        reset_before: count(v[3]),
-        reset_after: count(v[4]),
-        full_before: count(v[5]),
-        full_after: count(v[6]),
-        slot: v[7],
-    })
 }

@@ -1,0 +1,89 @@
+//! The scripts' wire format on the Rust side: how a limit and a weight are
+//! passed to decide.lua and refund.lua, and how a decide.lua reply reads.
+
+use fred::types::Value;
+
+use crate::limiter::{Algorithm, LimitSpec};
+use crate::store::{LimitOutcome, counted_used};
+
+pub(super) fn hits(hits: u64) -> Value {
+    Value::from(i64::try_from(hits).unwrap_or(i64::MAX))
+}
+
+/// `requests, duration_ms, algorithm, param` of one limit, as both scripts
+/// take them.
+pub(super) fn limit_args(limit: &LimitSpec) -> [Value; 4] {
+    let int = |n: u64| Value::from(i64::try_from(n).unwrap_or(i64::MAX));
+    let (algorithm, param) = match limit.window.algorithm {
+        Algorithm::SlidingWindow { precision_ms } => (0, precision_ms),
+        Algorithm::FixedWindow => (1, 0),
+        Algorithm::TokenBucket { burst } => (2, burst),
+        Algorithm::SlidingLog => (3, 0),
+    };
+    [
+        int(limit.requests),
+        int(limit.window.duration_ms),
+        Value::from(algorithm),
+        int(param),
+    ]
+}
+
+/// One item's answers from its slot group, and whether the group counted it.
+pub(super) type ItemPart = (Vec<Answer>, bool);
+
+/// Values per limit in a decide.lua reply.
+pub(super) const ANSWER_LEN: usize = 8;
+
+/// One limit's answer from decide.lua.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Answer {
+    pub(super) before: u64,
+    pub(super) pending: u64,
+    pub(super) over: bool,
+    /// Until headroom grows, before this request was counted.
+    pub(super) reset_before: u64,
+    /// The same after it was counted (equal when nothing was counted).
+    pub(super) reset_after: u64,
+    /// For how long no hit can fit, before this request was counted.
+    pub(super) full_before: u64,
+    /// The same after it was counted.
+    pub(super) full_after: u64,
+    /// The bucket or window the hits went to, for a refund.
+    pub(super) slot: i64,
+}
+
+impl Answer {
+    /// The outcome to report: after the request when it was admitted, the
+    /// counter as it stands otherwise (also for a refunded Cluster part).
+    pub(super) fn outcome(self, admitted: bool, hits: u64) -> LimitOutcome {
+        LimitOutcome {
+            used: counted_used(admitted, self.before, self.pending, hits),
+            over: self.over,
+            reset_ms: if admitted {
+                self.reset_after
+            } else {
+                self.reset_before
+            },
+            full_for_ms: if admitted {
+                self.full_after
+            } else {
+                self.full_before
+            },
+        }
+    }
+}
+
+/// The per-limit answers of a decide.lua reply.
+pub(super) fn answers(reply: &[i64]) -> impl Iterator<Item = Answer> + '_ {
+    let count = |v: i64| u64::try_from(v).unwrap_or(0);
+    reply[2..].chunks(ANSWER_LEN).map(move |v| Answer {
+        before: count(v[0]),
+        pending: count(v[1]),
+        over: v[2] == 1,
+        reset_before: count(v[3]),
+        reset_after: count(v[4]),
+        full_before: count(v[5]),
+        full_after: count(v[6]),
+        slot: v[7],
+    })
+}
