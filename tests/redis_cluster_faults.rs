@@ -17,31 +17,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::limiter::{
-    Algorithm, Clock, IdentityBuilder, LimitSpec, ManualClock, Role, SystemClock, Window,
-};
+use sluice::limiter::{Clock, IdentityBuilder, LimitSpec, ManualClock, Role, SystemClock};
 use sluice::store::{
     Batch, BatchItem, BreakerConfig, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
     StoreError, TimeSource,
 };
+use support::per_minute;
 use support::redis::{RedisCluster, key_slot};
 
 /// A limit no traffic of these tests reaches.
 const ROOMY: u64 = 1_000_000_000;
 /// How long after an event every slot must answer again.
 const RECOVERY: Duration = Duration::from_secs(2);
-
-fn per_minute(requests: u64) -> LimitSpec {
-    LimitSpec {
-        requests,
-        window: Window {
-            duration_ms: 60_000,
-            algorithm: Algorithm::SlidingWindow {
-                precision_ms: 1_000,
-            },
-        },
-    }
-}
 
 fn item(name: &str, limit: LimitSpec, hits: u64) -> BatchItem {
     let mut identity = IdentityBuilder::new("faults");
@@ -104,6 +91,15 @@ fn probes(cluster: &RedisCluster, prefix: &str) -> Vec<(String, u16)> {
         }
     }
     names
+}
+
+/// The slots of `probes` that the master on `port` serves.
+fn slots_on(cluster: &RedisCluster, probes: &[(String, u16)], port: u16) -> BTreeSet<u16> {
+    probes
+        .iter()
+        .filter(|(_, s)| cluster.port_for_slot(*s) == port)
+        .map(|(_, s)| *s)
+        .collect()
 }
 
 /// The phases an error can fall in.
@@ -200,6 +196,24 @@ impl Traffic {
         sample.dedup();
         sample.truncate(5);
         (slots, sample)
+    }
+
+    /// No error before the event.
+    fn expect_none_before(&self) {
+        let (before, sample) = self.errors_in(BEFORE);
+        assert!(before.is_empty(), "errors before the event: {sample:?}");
+    }
+
+    /// During the event and after it, errors only on `slots`; `complaint`
+    /// opens the failure message.
+    fn expect_only_on(&self, slots: &BTreeSet<u16>, complaint: &str) {
+        for phase in [DURING, AFTER] {
+            let (failed, sample) = self.errors_in(phase);
+            assert!(
+                failed.is_subset(slots),
+                "{complaint}: {failed:?} {sample:?}"
+            );
+        }
     }
 
     /// Marks the event over and waits (at most [`RECOVERY`]) for a round in
@@ -302,8 +316,7 @@ async fn a_slot_migration_under_load_fails_nothing_but_the_moving_slot_and_recov
     traffic.run_rounds(5).await;
     traffic.expect_recovery().await;
 
-    let (before, sample) = traffic.errors_in(BEFORE);
-    assert!(before.is_empty(), "errors before the event: {sample:?}");
+    traffic.expect_none_before();
     let (during, sample) = traffic.errors_in(DURING);
     assert!(
         during.iter().all(|&s| s == moving),
@@ -327,11 +340,7 @@ async fn a_manual_failover_fails_only_the_promoted_shard_and_recovers() {
     let probes = probes(&cluster, &prefix);
     let old = cluster.port_for_slot(probes[0].1);
     let replica = cluster.replica_of(old);
-    let shard: BTreeSet<u16> = probes
-        .iter()
-        .filter(|(_, s)| cluster.port_for_slot(*s) == old)
-        .map(|(_, s)| *s)
-        .collect();
+    let shard = slots_on(&cluster, &probes, old);
     let traffic = Traffic::start(store.clone(), probes);
     traffic.run_rounds(20).await;
 
@@ -341,15 +350,11 @@ async fn a_manual_failover_fails_only_the_promoted_shard_and_recovers() {
     traffic.run_rounds(5).await;
     traffic.expect_recovery().await;
 
-    let (before, sample) = traffic.errors_in(BEFORE);
-    assert!(before.is_empty(), "errors before the event: {sample:?}");
-    for phase in [DURING, AFTER] {
-        let (slots, sample) = traffic.errors_in(phase);
-        assert!(
-            slots.is_subset(&shard),
-            "errors outside the failed-over shard {shard:?}: {slots:?} {sample:?}"
-        );
-    }
+    traffic.expect_none_before();
+    traffic.expect_only_on(
+        &shard,
+        &format!("errors outside the failed-over shard {shard:?}"),
+    );
     traffic.stop().await;
     assert_eq!(cluster.port_for_slot(*shard.first().unwrap()), replica);
     let name = name_where(&prefix, "exact", |s| cluster.port_for_slot(s) == replica);
@@ -376,14 +381,7 @@ async fn a_killed_master_fails_only_its_slots_until_its_replica_takes_over() {
         let replica = c.replica_of(dead);
         (probes, dead, replica)
     };
-    let shard: BTreeSet<u16> = {
-        let c = cluster.lock().unwrap();
-        probes
-            .iter()
-            .filter(|(_, s)| c.port_for_slot(*s) == dead)
-            .map(|(_, s)| *s)
-            .collect()
-    };
+    let shard = slots_on(&cluster.lock().unwrap(), &probes, dead);
     let traffic = Traffic::start(store.clone(), probes);
     traffic.run_rounds(20).await;
 
@@ -399,15 +397,11 @@ async fn a_killed_master_fails_only_its_slots_until_its_replica_takes_over() {
     traffic.run_rounds(5).await;
     traffic.expect_recovery().await;
 
-    let (before, sample) = traffic.errors_in(BEFORE);
-    assert!(before.is_empty(), "errors before the event: {sample:?}");
-    for phase in [DURING, AFTER] {
-        let (slots, sample) = traffic.errors_in(phase);
-        assert!(
-            slots.is_subset(&shard),
-            "errors outside the dead master's slots {shard:?}: {slots:?} {sample:?}"
-        );
-    }
+    traffic.expect_none_before();
+    traffic.expect_only_on(
+        &shard,
+        &format!("errors outside the dead master's slots {shard:?}"),
+    );
     let (during, _) = traffic.errors_in(DURING);
     assert!(
         !during.is_empty(),
@@ -454,15 +448,8 @@ async fn a_new_master_takes_slots_under_load_with_errors_only_on_the_moving_ones
     traffic.expect_recovery().await;
 
     let moving_set: BTreeSet<u16> = moving.iter().copied().collect();
-    let (before, sample) = traffic.errors_in(BEFORE);
-    assert!(before.is_empty(), "errors before the event: {sample:?}");
-    for phase in [DURING, AFTER] {
-        let (slots, sample) = traffic.errors_in(phase);
-        assert!(
-            slots.is_subset(&moving_set),
-            "errors on slots that did not move: {slots:?} {sample:?}"
-        );
-    }
+    traffic.expect_none_before();
+    traffic.expect_only_on(&moving_set, "errors on slots that did not move");
     traffic.stop().await;
     let name = {
         let c = cluster.lock().unwrap();

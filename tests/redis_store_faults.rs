@@ -10,24 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::limiter::{Algorithm, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
+use sluice::limiter::{IdentityBuilder, ManualClock, Role};
 use sluice::settings::Settings;
 use sluice::store::{
     Batch, BatchItem, CounterStore, RedisStore, RedisStoreConfig, RedisUrl, StoreError, TimeSource,
 };
+use support::per_minute;
 use support::redis::{RedisCluster, RedisServer, key_slot};
-
-fn per_minute(requests: u64) -> LimitSpec {
-    LimitSpec {
-        requests,
-        window: Window {
-            duration_ms: 60_000,
-            algorithm: Algorithm::SlidingWindow {
-                precision_ms: 1_000,
-            },
-        },
-    }
-}
 
 fn item(name: &str, hits: u64) -> BatchItem {
     let mut identity = IdentityBuilder::new("timeouts");

