@@ -403,21 +403,28 @@ async fn a_hung_redis_times_out_as_unavailable_and_recovers() {
     }
     redis.resume();
     // The timed-out calls had reached Redis's socket; it runs them when it
-    // resumes, and they count (1 + 5 > 5) until the store, which told their
-    // callers UNAVAILABLE, refunds them: then the next request is the
-    // second one counted.
+    // resumes, and they count (up to the limit) until the store, which told
+    // their callers UNAVAILABLE, refunds them in the background. Watch with
+    // check-only requests (weight 0: they count nothing) until every refund
+    // is in: only the first request stays counted.
+    let mut check = req.clone();
+    check.descriptors[0].hits_addend =
+        Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
     let start = Instant::now();
-    let r = loop {
-        let r = until_ok(&mut c, &req, Duration::from_secs(15)).await;
-        if r.overall_code == Code::Ok as i32 {
-            break r;
+    loop {
+        let r = until_ok(&mut c, &check, Duration::from_secs(15)).await;
+        if r.statuses[0].limit_remaining == 4 {
+            break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(15),
             "the timed-out calls were never refunded: {r:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
+    // The next request is the second one counted.
+    let r = c.should_rate_limit(req.clone()).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
     assert_eq!(r.statuses[0].limit_remaining, 3, "{r:?}");
     assert_eq!(answer(&mut c, "h2").await, (Code::Ok as i32, 4));
     server.stop().await;
