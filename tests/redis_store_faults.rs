@@ -13,7 +13,8 @@ use futures_util::future::join_all;
 use sluice::limiter::{IdentityBuilder, ManualClock, Role};
 use sluice::settings::Settings;
 use sluice::store::{
-    Batch, BatchItem, CounterStore, RedisStore, RedisStoreConfig, RedisUrl, StoreError, TimeSource,
+    Batch, BatchItem, BreakerConfig, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
+    StoreError, TimeSource,
 };
 use support::per_minute;
 use support::redis::{RedisCluster, RedisServer, key_slot};
@@ -34,13 +35,22 @@ fn slot_of(prefix: &str, name: &str) -> u16 {
 }
 
 async fn open(url: &str, prefix: &str, timeout: Duration) -> Arc<RedisStore> {
+    open_with(url, prefix, timeout, None).await
+}
+
+async fn open_with(
+    url: &str,
+    prefix: &str,
+    timeout: Duration,
+    breaker: Option<BreakerConfig>,
+) -> Arc<RedisStore> {
     let config = RedisStoreConfig {
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,
         key_prefix: prefix.to_owned(),
         time: TimeSource::Redis,
-        breaker: None,
+        breaker,
     };
     let clock = Arc::new(ManualClock::new(support::T0));
     Arc::new(
@@ -130,6 +140,46 @@ async fn calls_that_time_out_after_their_script_ran_are_refunded() {
     let (admitted, over, errors) = burst(&reader, 200, &["after"]).await;
     assert_eq!((admitted, over), (5, 195), "{errors:?}");
     expect_counter(&reader, "after", 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_replies_do_not_close_the_breaker_their_timeouts_opened() {
+    // Three timeouts open the breaker (the store's clock never moves, so it
+    // stays open). The paused Redis then runs the three scripts and their
+    // replies arrive late: they must neither close the breaker (a Redis that
+    // slow is what it is for) nor be kept from their refunds by it.
+    let redis = RedisServer::start();
+    let prefix = support::unique_prefix();
+    let breaker = BreakerConfig {
+        failures: 3,
+        min_failing: Duration::ZERO,
+        cooldown: Duration::from_secs(3_600),
+    };
+    let store = open_with(
+        &redis.url(),
+        &prefix,
+        Duration::from_millis(50),
+        Some(breaker),
+    )
+    .await;
+    let reader = open(&redis.url(), &prefix, Duration::from_secs(5)).await;
+    let before = evalsha_calls(redis.port());
+    redis.pause();
+    let (admitted, over, errors) = burst(&store, 3, &["late"]).await;
+    assert_eq!((admitted, over), (0, 0), "{errors:?}");
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    redis.resume();
+    wait_evalsha(redis.port(), before + 3).await;
+    // Refunded: the late replies have been read.
+    expect_counter(&reader, "late", 0).await;
+    let batch = Batch {
+        items: vec![item("late", 1)],
+    };
+    let refused = store.apply(&batch).await;
+    assert!(
+        matches!(refused, Err(StoreError::CircuitOpen(_))),
+        "the breaker closed on a late reply: {refused:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,6 +35,7 @@ mod url;
 mod wire;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fred::prelude::ServerConfig;
@@ -164,7 +165,7 @@ impl ScriptRunner {
         let args = args.into_iter().map(Value::from).collect();
         self.shared
             .clone()
-            .send(script.0.clone(), vec![key], args)
+            .send(script.0.clone(), vec![key], args, Guard::Breaker)
             .await
     }
 }
@@ -292,31 +293,29 @@ impl RedisStore {
                 .iter()
                 .map(|&i| batch.items[i].limits.len())
                 .sum::<usize>();
-        let slot = slot_of(&part_keys);
-        let started = self.shared.clock.now();
-        let mut call = tokio::spawn(self.shared.clone().send(
-            self.shared.decide.clone(),
-            part_keys,
+        let owed = items
+            .iter()
+            .map(|&i| Owed {
+                key: keys[i].clone(),
+                limits: batch.items[i].limits.clone(),
+                hits: batch.items[i].hits,
+            })
+            .collect();
+        // The call, its deadline and its reconciliation run in a task of
+        // their own, so that a caller that goes away (its gRPC request
+        // cancelled) leaves nothing half done.
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let call = Call {
+            keys: part_keys,
             args,
-        ));
-        let reply = match tokio::time::timeout(self.timeout, &mut call).await {
-            Ok(joined) => {
-                joined.map_err(|e| StoreError::Unavailable(format!("Redis call failed: {e}")))??
-            }
-            Err(_) => {
-                self.shared.timed_out(slot, started);
-                let owed = items
-                    .iter()
-                    .map(|&i| Owed {
-                        key: keys[i].clone(),
-                        limits: batch.items[i].limits.clone(),
-                        hits: batch.items[i].hits,
-                    })
-                    .collect();
-                tokio::spawn(reconcile(self.shared.clone(), call, owed, expected));
-                return Err(StoreError::Timeout(self.timeout));
-            }
+            timeout: self.timeout,
+            owed,
+            expected,
         };
+        tokio::spawn(self.shared.clone().decide(call, answer));
+        let reply = answered.await.map_err(|_| {
+            StoreError::Unavailable("the Redis call ended without an answer".into())
+        })??;
         if reply.len() != expected {
             return Err(StoreError::Unavailable(format!(
                 "unexpected script reply of {} values",
@@ -342,11 +341,13 @@ impl Shared {
         script: Script,
         keys: Vec<String>,
         args: Vec<Value>,
+        guard: Guard,
     ) -> Result<Vec<i64>, StoreError> {
         let script = &script;
+        let guard = &guard;
         let cluster = match &self.route {
             Route::Single(node) => {
-                return match self.run_on(node, script, &keys, &args, false).await {
+                return match self.run_on(node, script, &keys, &args, false, guard).await {
                     Sent::Reply(reply) => Ok(reply),
                     Sent::Failed(e) => Err(e),
                     Sent::Redirect(r) => Err(StoreError::Unavailable(format!(
@@ -367,7 +368,10 @@ impl Shared {
                 // Nothing sent yet: waiting for a new node is safe.
                 node.wait_connected(NEW_NODE_GRACE).await;
             }
-            match self.run_on(&node, script, &keys, &args, asking).await {
+            match self
+                .run_on(&node, script, &keys, &args, asking, guard)
+                .await
+            {
                 Sent::Reply(reply) => return Ok(reply),
                 Sent::Failed(e) => {
                     cluster.refresh_soon();
@@ -393,7 +397,7 @@ impl Shared {
         )))
     }
 
-    /// One attempt on `node`, through its breaker.
+    /// One attempt on `node`, through its breaker as `guard` says.
     async fn run_on(
         &self,
         node: &Node,
@@ -401,15 +405,22 @@ impl Shared {
         keys: &[String],
         args: &[Value],
         asking: bool,
+        guard: &Guard,
     ) -> Sent {
         let started = self.clock.now();
         if self.breaker.is_some()
+            && !matches!(guard, Guard::Bypass)
             && let Err(e) = node.circuit.check(started)
         {
             return Sent::Failed(e);
         }
         let sent = node.run(script, keys, args, asking).await;
-        if let Some(config) = &self.breaker {
+        let counts = match guard {
+            Guard::Breaker => true,
+            Guard::Abandonable(abandoned) => !abandoned.load(Ordering::Relaxed),
+            Guard::Bypass => false,
+        };
+        if let Some(config) = self.breaker.as_ref().filter(|_| counts) {
             match &sent {
                 Sent::Reply(_) => node.circuit.succeeded(),
                 Sent::Failed(_) => node.circuit.failed(config, started, self.clock.now()),
@@ -459,7 +470,11 @@ impl Shared {
             }
         }
         let calls = by_slot.into_iter().map(|(_, keys, args)| {
-            tokio::time::timeout(timeout, self.clone().send(self.refund.clone(), keys, args))
+            tokio::time::timeout(
+                timeout,
+                self.clone()
+                    .send(self.refund.clone(), keys, args, Guard::Bypass),
+            )
         });
         for result in join_all(calls).await {
             let error = match result {
@@ -479,48 +494,94 @@ struct Owed {
     hits: u64,
 }
 
-/// Waits for a call whose caller timed out; if its script counted, refunds
-/// those hits, so that the counters hold what callers were told.
-async fn reconcile(
-    shared: Arc<Shared>,
-    call: tokio::task::JoinHandle<Result<Vec<i64>, StoreError>>,
+/// How a call meets its node's breaker.
+enum Guard {
+    /// Refused while the breaker is open; its outcome moves the breaker.
+    Breaker,
+    /// The same until the flag is set: its caller stopped waiting (which
+    /// already counted against the breaker), so a late reply must not close
+    /// a breaker that a slow Redis should open.
+    Abandonable(Arc<AtomicBool>),
+    /// Neither refused nor counted: refunds, which keep counters true and
+    /// go to a Redis that has just answered.
+    Bypass,
+}
+
+/// One decide.lua call of a request: what to send, how long its caller
+/// waits, and what to take back should it count after that.
+struct Call {
+    keys: Vec<String>,
+    args: Vec<Value>,
+    timeout: Duration,
     owed: Vec<Owed>,
+    /// The length of a well-formed reply.
     expected: usize,
-) {
-    let reply = match tokio::time::timeout(RECONCILE_WAIT, call).await {
-        Ok(Ok(Ok(reply))) => reply,
-        // Not run (refused, not sent), or the connection went down after
-        // sending: nothing to take back that we can know of.
-        Ok(Ok(Err(e))) => {
-            tracing::debug!(error = %e, "a Redis call that timed out then failed");
+}
+
+impl Shared {
+    /// Runs `call` and hands its reply to `answer`; past its timeout, hands
+    /// over `Timeout` instead and goes on waiting for the real reply (at
+    /// most [`RECONCILE_WAIT`]): if the script counted, those hits are
+    /// refunded, so that the counters hold what callers were told.
+    async fn decide(
+        self: Arc<Self>,
+        call: Call,
+        answer: tokio::sync::oneshot::Sender<Result<Vec<i64>, StoreError>>,
+    ) {
+        let slot = slot_of(&call.keys);
+        let started = self.clock.now();
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let sent = self.clone().send(
+            self.decide.clone(),
+            call.keys,
+            call.args,
+            Guard::Abandonable(abandoned.clone()),
+        );
+        tokio::pin!(sent);
+        let reply = match tokio::time::timeout(call.timeout, &mut sent).await {
+            Ok(reply) => {
+                let _ = answer.send(reply);
+                return;
+            }
+            Err(_) => {
+                abandoned.store(true, Ordering::Relaxed);
+                self.timed_out(slot, started);
+                let _ = answer.send(Err(StoreError::Timeout(call.timeout)));
+                match tokio::time::timeout(RECONCILE_WAIT, sent).await {
+                    Ok(Ok(reply)) => reply,
+                    // Not run (refused, not sent), or the connection went
+                    // down after sending: nothing to take back that we can
+                    // know of.
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "a Redis call that timed out then failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
+                        return;
+                    }
+                }
+            }
+        };
+        if reply.len() != call.expected || reply[0] != 1 {
+            // Not counted (rejected), or not a reply we can read.
             return;
         }
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "a Redis call task failed");
-            return;
-        }
-        Err(_) => {
-            tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
-            return;
-        }
-    };
-    if reply.len() != expected || reply[0] != 1 {
-        // Not counted (rejected), or not a reply we can read.
-        return;
+        let mut values = answers(&reply);
+        let parts: Vec<(Owed, Vec<Answer>)> = call
+            .owed
+            .into_iter()
+            .map(|o| {
+                let answers = values.by_ref().take(o.limits.len()).collect();
+                (o, answers)
+            })
+            .collect();
+        tracing::info!(
+            items = parts.len(),
+            "refunding a decision that ran after its caller's timeout"
+        );
+        self.refund(parts, RECONCILE_WAIT).await;
     }
-    let mut values = answers(&reply);
-    let parts: Vec<(Owed, Vec<Answer>)> = owed
-        .into_iter()
-        .map(|o| {
-            let answers = values.by_ref().take(o.limits.len()).collect();
-            (o, answers)
-        })
-        .collect();
-    tracing::info!(
-        items = parts.len(),
-        "refunding a decision that ran after its caller's timeout"
-    );
-    shared.refund(parts, RECONCILE_WAIT).await;
 }
 
 impl CounterStore for RedisStore {
@@ -631,7 +692,10 @@ impl CounterStore for RedisStore {
                     _ => None,
                 })
                 .collect();
-            self.shared.refund(parts, self.timeout).await;
+            // In a task of its own: a caller that goes away must not cut a
+            // refund short.
+            let (shared, timeout) = (self.shared.clone(), self.timeout);
+            let _ = tokio::spawn(async move { shared.refund(parts, timeout).await }).await;
         }
         if let Some(e) = error {
             return Err(e);

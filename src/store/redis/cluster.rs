@@ -122,13 +122,16 @@ impl Cluster {
         if let Some(node) = self.topology.read().nodes.get(address) {
             return Ok(node.clone());
         }
-        let node = Arc::new(self.new_node(address)?);
+        // Looked up again and built under the write lock: of many calls
+        // redirected to a new node at once, only one builds it (a node
+        // built and dropped would keep its connections open for good).
         let mut topology = self.topology.write();
-        Ok(topology
-            .nodes
-            .entry(node.name().clone())
-            .or_insert(node)
-            .clone())
+        if let Some(node) = topology.nodes.get(address) {
+            return Ok(node.clone());
+        }
+        let node = Arc::new(self.new_node(address)?);
+        topology.nodes.insert(node.name().clone(), node.clone());
+        Ok(node)
     }
 
     /// `MOVED`: the slot lives at `address` now.
@@ -259,14 +262,31 @@ impl Cluster {
     fn install(&self, ranges: Vec<(u16, u16, String)>) -> Result<(), StoreError> {
         let mut nodes: HashMap<NodeName, Arc<Node>> = HashMap::new();
         let mut slots = vec![None; SLOTS];
-        let old = self.topology.read().nodes.clone();
+        // The whole swap under the write lock, so no node that `node_at`
+        // adds meanwhile is lost (and left connected) by the swap.
+        let mut topology = self.topology.write();
+        let old = &topology.nodes;
         for (first, last, address) in ranges {
             let node = match nodes
                 .get(address.as_str())
                 .or_else(|| old.get(address.as_str()))
             {
                 Some(node) => node.clone(),
-                None => Arc::new(self.new_node(&address)?),
+                None => match self.new_node(&address) {
+                    Ok(node) => Arc::new(node),
+                    Err(e) => {
+                        // Close what this attempt built; the old table stays.
+                        let built: Vec<Arc<Node>> = nodes
+                            .into_values()
+                            .filter(|n| !old.contains_key(n.name()))
+                            .collect();
+                        drop(topology);
+                        for node in built {
+                            tokio::spawn(async move { node.quit().await });
+                        }
+                        return Err(e);
+                    }
+                },
             };
             nodes.insert(node.name().clone(), node.clone());
             let range = usize::from(first)..=usize::from(last).min(SLOTS - 1);
@@ -275,7 +295,7 @@ impl Cluster {
             }
         }
         let mut gone = Vec::new();
-        for (name, node) in old {
+        for (name, node) in std::mem::take(&mut topology.nodes) {
             if nodes.contains_key(&name) {
                 continue;
             }
@@ -287,7 +307,8 @@ impl Cluster {
                 gone.push(node);
             }
         }
-        *self.topology.write() = Topology { slots, nodes };
+        *topology = Topology { slots, nodes };
+        drop(topology);
         for node in gone {
             // A node that answered MOVED a moment ago may be a replica now;
             // calls holding it finish on their own clients first.
