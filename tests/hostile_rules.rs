@@ -76,12 +76,14 @@ fn alias_bomb_is_rejected_at_the_alias_that_crosses_the_budget() {
     assert!(
         error
             .message
-            .contains("rules file expands YAML aliases beyond 100000 nodes"),
+            .contains("rules file expands YAML aliases beyond 16777216 bytes"),
         "{error}"
     );
-    // Line 6, `a4`: its aliases copy 9 × 7,381 nodes, and keeping the
-    // anchored result is a copy too, which crosses 100,000.
-    assert_eq!(error.line, 6, "{error}");
+    // Each copy weighs 48 bytes per node plus its text: `a0` weighs 507
+    // bytes, each level 9 times the last plus 48. Up to `a4` the aliases and
+    // the anchors keep copy 7.6 MB; `a5` (line 7) copies 3.4 MB per alias
+    // and its fourth crosses 16 MiB.
+    assert_eq!(error.line, 7, "{error}");
 }
 
 #[test]
@@ -94,7 +96,7 @@ fn check_config_rejects_an_alias_bomb_within_bounded_memory() {
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert!(
         stderr.contains(&format!(
-            "{}:6: invalid YAML: rules file expands YAML aliases beyond 100000 nodes",
+            "{}:7: invalid YAML: rules file expands YAML aliases beyond 16777216 bytes",
             bomb.display()
         )),
         "{stderr}"

@@ -7,8 +7,10 @@
 //! Hostile input is refused before it can cost much: characters YAML forbids
 //! (a NUL would otherwise end the file silently), nesting deeper than
 //! [`MAX_DEPTH`] (the tree is dropped and compiled recursively), and aliases
-//! that copy more than [`alias_budget`] nodes (a "billion laughs" file of a
-//! few hundred bytes would otherwise expand to gigabytes). The events are
+//! that copy more than [`alias_budget`] bytes (a "billion laughs" file of a
+//! few hundred bytes would otherwise expand to gigabytes). Copies are weighed
+//! in bytes, not nodes, so one long anchored string aliased many times is
+//! refused as surely as many nested short ones. The events are
 //! pulled one at a time, so parsing stops at the first such error.
 
 use std::collections::HashMap;
@@ -21,16 +23,22 @@ use yaml_rust2::scanner::{Marker, TScalarStyle};
 /// deeper than any request can have entries.
 pub const MAX_DEPTH: usize = 100;
 
-/// Fewest nodes aliases may copy, whatever the file's size.
-pub const MIN_ALIAS_NODES: usize = 100_000;
+/// What one node weighs against the alias budget, besides a scalar's text:
+/// about what a node of the tree costs in memory.
+pub const NODE_BYTES: usize = 48;
 
-/// The most nodes the anchors and aliases of a `len`-byte text may copy:
-/// [`MIN_ALIAS_NODES`], or one node per four bytes of text for larger files.
-/// Ordinary files (a `<<: *base` of a dozen nodes per descriptor) stay far
-/// below it; a file whose aliases multiply is refused at the alias that
-/// crosses it, long before its expansion could fill memory.
+/// Fewest bytes aliases may copy, whatever the file's size.
+pub const MIN_ALIAS_BYTES: usize = 16 << 20;
+
+/// The most bytes the anchors and aliases of a `len`-byte text may copy
+/// ([`NODE_BYTES`] per node plus each scalar's text): [`MIN_ALIAS_BYTES`],
+/// or 32 bytes per byte of text for larger files (at most 128 MiB, as a
+/// rules file is at most 4 MiB). Ordinary files (a `<<: *base` of a dozen
+/// nodes per descriptor) stay far below it; a file whose aliases multiply
+/// is refused at the alias that crosses it, long before its expansion could
+/// fill memory.
 pub fn alias_budget(len: usize) -> usize {
-    MIN_ALIAS_NODES.max(len / 4)
+    MIN_ALIAS_BYTES.max(len.saturating_mul(32))
 }
 
 /// One YAML node and the line (1-based) it starts on.
@@ -143,24 +151,24 @@ struct Builder {
     /// subtree so far.
     stack: Vec<(Open, usize)>,
     documents: Vec<Node>,
-    /// Anchored nodes by anchor id, with their sizes.
+    /// Anchored nodes by anchor id, with their weights.
     anchors: HashMap<usize, Anchored>,
-    /// Nodes copied so far by anchors and aliases.
+    /// Bytes copied so far by anchors and aliases.
     copied: usize,
-    /// The most nodes anchors and aliases may copy.
+    /// The most bytes anchors and aliases may copy.
     budget: usize,
     error: Option<SyntaxError>,
 }
 
 impl Builder {
-    /// Counts `size` more copied nodes; an error (at `line`) past the budget.
+    /// Counts `size` more copied bytes; an error (at `line`) past the budget.
     fn copy(&mut self, size: usize, line: usize) -> bool {
         self.copied = self.copied.saturating_add(size);
         if self.copied > self.budget {
             self.error.get_or_insert(SyntaxError {
                 line,
                 message: format!(
-                    "rules file expands YAML aliases beyond {} nodes",
+                    "rules file expands YAML aliases beyond {} bytes",
                     self.budget
                 ),
             });
@@ -207,7 +215,7 @@ impl Builder {
             });
             return;
         }
-        self.stack.push((open, 1));
+        self.stack.push((open, NODE_BYTES));
     }
 
     fn on_event(&mut self, event: Event, mark: Marker) {
@@ -215,12 +223,13 @@ impl Builder {
         match event {
             Event::Scalar(text, style, anchor, _) => {
                 let quoted = style != TScalarStyle::Plain;
+                let weight = NODE_BYTES.saturating_add(text.len());
                 self.finish(
                     Node {
                         kind: Kind::Scalar { text, quoted },
                         line,
                     },
-                    1,
+                    weight,
                     anchor,
                 );
             }
@@ -372,25 +381,39 @@ mod tests {
 
     #[test]
     fn copies_by_anchors_and_aliases_are_counted_against_the_budget() {
-        // One list of 9 scalars (10 nodes), anchored (10 copied) and aliased
-        // `n` times (10 each): at the floor of 100,000 the 10,000th alias fits
-        // and the next one does not.
+        // One list of 9 one-byte scalars, anchored (copied once) and aliased
+        // `n` times: each copy weighs the list's node and its 9 scalars.
+        let copy = NODE_BYTES + 9 * (NODE_BYTES + 1);
+        let fits = MIN_ALIAS_BYTES / copy - 1;
         let text = |n: usize| {
             format!(
                 "a: &x [1, 2, 3, 4, 5, 6, 7, 8, 9]\nb: [{}]\n",
                 vec!["*x"; n].join(", ")
             )
         };
-        assert!(parse(&text(9_999)).is_ok());
-        let err = parse(&text(10_000)).unwrap_err();
+        assert!(parse(&text(fits)).is_ok());
+        let err = parse(&text(fits + 1)).unwrap_err();
         assert_eq!(err.line, 2);
         assert_eq!(
             err.message,
-            "rules file expands YAML aliases beyond 100000 nodes"
+            format!("rules file expands YAML aliases beyond {MIN_ALIAS_BYTES} bytes")
         );
-        // The budget grows with the file: a node per 4 bytes.
-        assert_eq!(alias_budget(10), MIN_ALIAS_NODES);
-        assert_eq!(alias_budget(4_000_000), 1_000_000);
+        // The budget grows with the file: 32 bytes per byte of text.
+        assert_eq!(alias_budget(10), MIN_ALIAS_BYTES);
+        assert_eq!(alias_budget(4_000_000), 128_000_000);
+    }
+
+    #[test]
+    fn one_long_string_aliased_many_times_is_weighed_by_its_length() {
+        // 200 KB of text, copied by 100 aliases: 20 MB, past the floor,
+        // though it is only 101 nodes.
+        let text = format!(
+            "a: &x \"{}\"\nb: [{}]\n",
+            "y".repeat(200_000),
+            vec!["*x"; 100].join(", ")
+        );
+        let err = parse(&text).unwrap_err();
+        assert!(err.message.contains("expands YAML aliases"), "{err:?}");
     }
 
     #[test]
