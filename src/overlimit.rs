@@ -1,6 +1,7 @@
 //! The local over-limit cache: counters the store reported full (no hit at
-//! all can fit) until time T are answered here until T, without calling the
-//! store, so a hot abusive key costs Redis nothing.
+//! all can fit) until time T are answered here until T (for at most
+//! [`MAX_TRUST_MS`] at a time), without calling the store, so a hot abusive
+//! key costs Redis almost nothing.
 //!
 //! It answers only when its answer is the store's, field for field, and
 //! otherwise calls the store. Why the two are equal:
@@ -45,6 +46,15 @@ use crate::limiter::{Identity, LimitSpec, Millis};
 use crate::store::LimitOutcome;
 
 const SHARDS: usize = 16;
+
+/// The longest an entry is trusted, however long the store said the counter
+/// stays full. Redis counters can hold hits that are about to be taken back
+/// (a Cluster request rejected by another slot group, a decision that ran
+/// after its caller's timeout); a request that saw them full would
+/// otherwise keep refusing until the window's end (a day, for a daily
+/// limit) after the refund reopened it. A second still spares Redis all
+/// but one call per second per hot counter and replica.
+pub const MAX_TRUST_MS: Millis = 1_000;
 
 /// What the store said of one full counter.
 #[derive(Clone, Copy, Debug)]
@@ -133,7 +143,7 @@ impl OverLimitCache {
         }
         let full = Full {
             since: now,
-            until: now.saturating_add(outcome.full_for_ms),
+            until: now.saturating_add(outcome.full_for_ms.min(MAX_TRUST_MS)),
             reset_at: now.saturating_add(outcome.reset_ms),
         };
         shard.insert(key, full);
@@ -186,6 +196,19 @@ mod tests {
         assert_eq!((known.over, known.reset_ms, known.used), (true, 1, 1));
         assert_eq!(cache.outcome(&id("a"), &LIMIT, 1_500), None);
         assert!(cache.is_empty(), "expired entries are dropped when read");
+    }
+
+    #[test]
+    fn an_entry_is_trusted_for_a_second_at_most() {
+        // A daily window reported full for 20 hours: hits about to be
+        // refunded may be in that count, so the store is asked again after
+        // MAX_TRUST_MS, not at the window's end.
+        let cache = OverLimitCache::new(10).unwrap();
+        let hours = 20 * 3_600_000;
+        cache.learn(&id("a"), &LIMIT, &full(hours, hours), 1_000);
+        let known = cache.outcome(&id("a"), &LIMIT, 1_000 + MAX_TRUST_MS - 1);
+        assert_eq!(known.map(|k| k.reset_ms), Some(hours - MAX_TRUST_MS + 1));
+        assert_eq!(cache.outcome(&id("a"), &LIMIT, 1_000 + MAX_TRUST_MS), None);
     }
 
     #[test]
