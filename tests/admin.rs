@@ -12,7 +12,8 @@ use sluice::decision::{LimiterOptions, StoreErrorPolicy};
 use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::store::{
-    Breaker, BreakerConfig, MemoryStore, MemoryStoreConfig, RedisStore, TimeSource,
+    BreakerConfig, MemoryStore, MemoryStoreConfig, RedisStore, RedisStoreConfig, RedisUrl,
+    TimeSource,
 };
 use sluice::telemetry::metrics::{Metrics, MetricsConfig};
 use support::redis::RedisServer;
@@ -321,7 +322,18 @@ async fn server_with_redis_down(
     breaker: BreakerConfig,
 ) -> (Server, Arc<Metrics>) {
     let mut redis = RedisServer::start();
-    let (store, clock) = store_on(&redis).await;
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = RedisStoreConfig {
+        url: RedisUrl::new(redis.url()),
+        pool_size: 2,
+        timeout: Duration::from_millis(200),
+        key_prefix: support::unique_prefix(),
+        time: TimeSource::Redis,
+        breaker: Some(breaker),
+    };
+    let store = RedisStore::connect(&config, clock.clone(), Duration::from_secs(10))
+        .await
+        .expect("connect to the test Redis");
     redis.stop();
     let metrics = Arc::new(Metrics::default());
     let options = LimiterOptions {
@@ -329,7 +341,6 @@ async fn server_with_redis_down(
         metrics: metrics.clone(),
         ..LimiterOptions::default()
     };
-    let store = Breaker::new(store, breaker, clock.clone());
     let limiter = Arc::new(sluice::decision::Limiter::with_options(
         rules(RULES),
         store,

@@ -1,6 +1,6 @@
-//! A circuit breaker around any store: once the store has failed `failures`
-//! times in a row over at least `min_failing` (no success in between), it
-//! stops calling the store for `cooldown` and fails at once, so while Redis is
+//! A circuit breaker: once a store has failed `failures` times in a row over
+//! at least `min_failing` (no success in between), it stops calling the store
+//! for `cooldown` and fails at once, so while Redis is
 //! down no request waits for a timeout. The time span matters: with many
 //! requests in flight, one short stall fails them all at once, and that must
 //! not turn a 50 ms hiccup into a second of refusals. After the cooldown,
@@ -9,14 +9,12 @@
 //!
 //! [`Circuit`] is the state; its scope is the caller's choice. The Redis store
 //! keeps one per node (see `redis/node.rs`), so on a Cluster a dead shard
-//! opens only its own breaker; [`Breaker`] wraps any store in a single one.
+//! opens only its own breaker. (The memory store cannot fail, so it has none.)
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Batch, BatchOutcome, CounterStore, StoreError};
-use crate::limiter::Clock;
+use super::StoreError;
 
 /// Settings of the breaker.
 #[derive(Clone, Copy, Debug)]
@@ -41,7 +39,7 @@ impl Default for BreakerConfig {
 
 /// The state of one breaker: what fails together shares one. The Redis store
 /// keeps one per Redis node (per primary on a Cluster, so one dead shard fails
-/// only its own slots fast); [`Breaker`] puts one around a whole store.
+/// only its own slots fast).
 #[derive(Debug, Default)]
 pub struct Circuit {
     /// Atomics: every request reads them, without a lock.
@@ -93,167 +91,70 @@ impl Circuit {
     }
 }
 
-/// A store that stops calling `inner` while it keeps failing (one breaker
-/// for the whole store; the Redis store has per-node breakers of its own).
-pub struct Breaker<S> {
-    inner: S,
-    config: BreakerConfig,
-    clock: Arc<dyn Clock>,
-    circuit: Circuit,
-}
-
-impl<S> Breaker<S> {
-    /// `inner` behind a breaker reading time from `clock`.
-    pub fn new(inner: S, config: BreakerConfig, clock: Arc<dyn Clock>) -> Self {
-        Self {
-            inner,
-            config,
-            clock,
-            circuit: Circuit::default(),
-        }
-    }
-
-    /// The wrapped store.
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-
-    /// Whether calls are being refused now.
-    pub fn is_open(&self) -> bool {
-        self.circuit.is_open(self.clock.now())
-    }
-}
-
-impl<S: CounterStore> CounterStore for Breaker<S> {
-    fn is_ready(&self) -> bool {
-        !self.is_open() && self.inner.is_ready()
-    }
-
-    fn script_runner(&self) -> Option<super::ScriptRunner> {
-        self.inner.script_runner()
-    }
-
-    async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
-        let now = self.clock.now();
-        self.circuit.check(now)?;
-        let result = self.inner.apply(batch).await;
-        match &result {
-            Ok(_) => self.circuit.succeeded(),
-            Err(_) => self.circuit.failed(&self.config, now, self.clock.now()),
-        }
-        result
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
-
     use super::*;
-    use crate::limiter::ManualClock;
 
-    /// A store that fails while told to, counting its calls.
-    #[derive(Default)]
-    struct Flaky {
-        failing: AtomicBool,
-        calls: AtomicU32,
+    fn is_circuit_open(result: Result<(), StoreError>) -> bool {
+        matches!(result, Err(StoreError::CircuitOpen(_)))
     }
 
-    impl CounterStore for Flaky {
-        async fn apply(&self, _: &Batch) -> Result<BatchOutcome, StoreError> {
-            self.calls.fetch_add(1, Ordering::Relaxed);
-            if self.failing.load(Ordering::Relaxed) {
-                Err(StoreError::Unavailable("down".into()))
-            } else {
-                Ok(BatchOutcome {
-                    admitted: true,
-                    limits: Vec::new(),
-                })
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn opens_after_consecutive_failures_and_fails_fast_until_the_cooldown() {
-        let clock = Arc::new(ManualClock::new(1_000));
+    #[test]
+    fn opens_after_consecutive_failures_and_fails_fast_until_the_cooldown() {
+        let circuit = Circuit::default();
         let config = BreakerConfig {
             failures: 3,
             min_failing: Duration::ZERO,
             cooldown: Duration::from_millis(500),
         };
-        let breaker = Breaker::new(Flaky::default(), config, clock.clone());
-        breaker.inner().failing.store(true, Ordering::Relaxed);
-        for _ in 0..3 {
-            assert!(matches!(
-                breaker.apply(&Batch::default()).await,
-                Err(StoreError::Unavailable(_))
-            ));
+        for _ in 0..2 {
+            circuit.failed(&config, 1_000, 1_000);
         }
-        assert!(breaker.is_open() && !breaker.is_ready());
-        for _ in 0..10 {
-            assert!(matches!(
-                breaker.apply(&Batch::default()).await,
-                Err(StoreError::CircuitOpen(_))
-            ));
-        }
-        assert_eq!(
-            breaker.inner().calls.load(Ordering::Relaxed),
-            3,
-            "no calls while open"
-        );
+        assert!(circuit.check(1_000).is_ok(), "two failures of three");
+        circuit.failed(&config, 1_000, 1_000);
+        assert!(circuit.is_open(1_000) && is_circuit_open(circuit.check(1_499)));
 
         // After the cooldown one failed probe reopens it at once.
-        clock.advance(500);
-        assert!(matches!(
-            breaker.apply(&Batch::default()).await,
-            Err(StoreError::Unavailable(_))
-        ));
-        assert!(breaker.is_open());
+        assert!(circuit.check(1_500).is_ok());
+        circuit.failed(&config, 1_500, 1_500);
+        assert!(circuit.is_open(1_500));
 
         // A successful probe closes it.
-        clock.advance(500);
-        breaker.inner().failing.store(false, Ordering::Relaxed);
-        assert!(breaker.apply(&Batch::default()).await.is_ok());
-        assert!(!breaker.is_open() && breaker.is_ready());
+        assert!(circuit.check(2_000).is_ok());
+        circuit.succeeded();
+        assert!(!circuit.is_open(2_000));
     }
 
-    #[tokio::test]
-    async fn a_short_burst_of_failures_does_not_open_it() {
-        let clock = Arc::new(ManualClock::new(1_000));
+    #[test]
+    fn a_short_burst_of_failures_does_not_open_it() {
+        let circuit = Circuit::default();
         let config = BreakerConfig {
             failures: 3,
             min_failing: Duration::from_millis(500),
             cooldown: Duration::from_secs(1),
         };
-        let breaker = Breaker::new(Flaky::default(), config, clock.clone());
-        breaker.inner().failing.store(true, Ordering::Relaxed);
         // Thirty requests in flight during one 50 ms stall all fail together.
         for _ in 0..30 {
-            let _ = breaker.apply(&Batch::default()).await;
+            circuit.failed(&config, 1_000, 1_050);
         }
-        clock.advance(50);
-        assert!(!breaker.is_open(), "a stall shorter than min_failing");
+        assert!(!circuit.is_open(1_050), "a stall shorter than min_failing");
         // Failures that go on for the span open it.
-        clock.advance(450);
-        let _ = breaker.apply(&Batch::default()).await;
-        assert!(breaker.is_open());
+        circuit.failed(&config, 1_500, 1_500);
+        assert!(circuit.is_open(1_500));
     }
 
-    #[tokio::test]
-    async fn a_success_resets_the_count() {
-        let clock = Arc::new(ManualClock::new(0));
+    #[test]
+    fn a_success_resets_the_count() {
+        let circuit = Circuit::default();
         let config = BreakerConfig {
             failures: 2,
             min_failing: Duration::ZERO,
             cooldown: Duration::from_secs(1),
         };
-        let breaker = Breaker::new(Flaky::default(), config, clock);
-        for _ in 0..5 {
-            breaker.inner().failing.store(true, Ordering::Relaxed);
-            let _ = breaker.apply(&Batch::default()).await;
-            breaker.inner().failing.store(false, Ordering::Relaxed);
-            assert!(breaker.apply(&Batch::default()).await.is_ok());
+        for t in 0..5 {
+            circuit.failed(&config, t, t);
+            circuit.succeeded();
         }
-        assert!(!breaker.is_open());
+        assert!(!circuit.is_open(5));
     }
 }

@@ -7,7 +7,7 @@ mod breaker;
 mod memory;
 mod redis;
 
-pub use breaker::{Breaker, BreakerConfig, Circuit};
+pub use breaker::{BreakerConfig, Circuit};
 pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use redis::{
     LuaScript, RedisStore, RedisStoreConfig, RedisUrl, ScriptRunner, TimeSource, server_info,
