@@ -106,7 +106,6 @@ pub struct RedisStore {
     /// In local time mode, `now` is sent to the script.
     local_time: bool,
     timeout: Duration,
-    cluster: bool,
 }
 
 /// What a call needs, shared with the background tasks that finish calls
@@ -233,10 +232,6 @@ impl RedisStore {
             prefix: config.key_prefix.clone(),
             local_time: config.time == TimeSource::Local,
             timeout: config.timeout,
-            cluster: matches!(
-                parse_url(&config.url).map(|c| c.server),
-                Ok(ServerConfig::Clustered { .. })
-            ),
         })
     }
 
@@ -621,7 +616,7 @@ impl CounterStore for RedisStore {
         // Group items by cluster slot; one group when not on a cluster.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
-            let slot = if self.cluster {
+            let slot = if matches!(self.shared.route, Route::Cluster(_)) {
                 fred::util::redis_keyslot(key.as_bytes())
             } else {
                 0
