@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use indexmap::IndexSet;
 use parking_lot::Mutex;
 use serde::Serialize;
 
@@ -111,8 +112,9 @@ pub type Outbox = Vec<(StreamId, Vec<Action>)>;
 #[derive(Debug)]
 pub struct Pending {
     stream: StreamId,
-    /// Buckets whose split must be recomputed.
-    touched: Vec<BucketKey>,
+    /// Buckets whose split must be recomputed, each once (a set: a report
+    /// may name a thousand buckets), in the order first touched.
+    touched: IndexSet<BucketKey>,
     /// Streams that left a bucket (abandoned or closed).
     gone: Vec<(BucketKey, StreamId)>,
     /// Actions for `stream` decided already (abandons).
@@ -251,7 +253,7 @@ impl Rlqs {
         self.metrics.reports.inc();
         let mut pending = Pending {
             stream,
-            touched: Vec::new(),
+            touched: IndexSet::new(),
             gone: Vec::new(),
             own: Vec::new(),
         };
@@ -296,9 +298,7 @@ impl Rlqs {
                 pending.own.push(Action::Abandon(key.clone()));
                 pending.gone.push((key.clone(), stream));
             }
-            if !pending.touched.contains(&key) {
-                pending.touched.push(key);
-            }
+            pending.touched.insert(key);
         }
         pending
     }
@@ -322,7 +322,7 @@ impl Rlqs {
         Pending {
             stream,
             gone: keys.iter().map(|k| (k.clone(), stream)).collect(),
-            touched: keys,
+            touched: keys.into_iter().collect(),
             own: Vec::new(),
         }
     }
