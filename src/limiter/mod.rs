@@ -43,6 +43,45 @@ pub struct LimitSpec {
     pub window: Window,
 }
 
+/// Which debits a limit counts.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Counting {
+    /// Only debits of admitted requests, all or nothing across the request.
+    #[default]
+    Admitted,
+    /// Every debit, even one that does not fit (after-the-fact usage
+    /// charges; envoyproxy/ratelimit's behaviour). Checks are refused while
+    /// the counter plus the weight exceeds the limit.
+    Always,
+}
+
+impl Counting {
+    /// The name in rules files, settings and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Counting::Admitted => "admitted",
+            Counting::Always => "always",
+        }
+    }
+}
+
+impl std::str::FromStr for Counting {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "admitted" => Ok(Counting::Admitted),
+            "always" => Ok(Counting::Always),
+            other => Err(format!(
+                "unknown counting mode `{other}` (admitted or always)"
+            )),
+        }
+    }
+}
+
 /// How a descriptor's verdict takes part in the request's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
