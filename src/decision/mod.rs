@@ -1,0 +1,231 @@
+//! From a request to a decision: validate, match each descriptor to its
+//! rule, drop replaced and unlimited limits, send one batch to the store, and
+//! turn the store's outcome into one status per descriptor.
+//!
+//! Protobuf-free: `service.rs` converts in and out. Rules are swapped
+//! atomically on reload; a request sees one rule set from start to end.
+//!
+//! The steps live one concept per file: `bounds` (what a request may ask),
+//! `plan` (descriptors matched to limits, and the store batch), `status`
+//! (the answer per descriptor), `store_error` (the policy when the store
+//! fails), `cache` (answers from the local over-limit cache) and `observe`
+//! (metrics). This file holds the types and `decide`, which ties them.
+
+mod bounds;
+mod cache;
+mod observe;
+mod plan;
+mod status;
+mod store_error;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use crate::limiter::{Clock, SystemClock};
+use crate::overlimit::OverLimitCache;
+use crate::request::Request;
+use crate::rules::RuleSet;
+use crate::store::{CounterStore, LimitOutcome, StoreError};
+use crate::telemetry::metrics::Metrics;
+
+pub use bounds::Bounds;
+pub use status::{Reported, Status};
+pub use store_error::StoreErrorPolicy;
+
+use observe::{Loaded, Observed};
+use plan::{Plan, Planned};
+
+/// Why a request got no decision.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    /// The request itself is wrong; the message says how.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The counters could not be reached.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The outcome of a decision as a short code, for metrics and logs: `OK`,
+/// `OVER_LIMIT`, or the gRPC status it maps to.
+pub fn outcome_code(result: &Result<Decision, DecideError>) -> &'static str {
+    match result {
+        Ok(decision) if decision.admitted => "OK",
+        Ok(_) => "OVER_LIMIT",
+        Err(DecideError::InvalidArgument(_)) => "INVALID_ARGUMENT",
+        Err(DecideError::Store(_)) => "UNAVAILABLE",
+    }
+}
+
+/// The answer to one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request may proceed (`overall_code` OK).
+    pub admitted: bool,
+    /// One status per request descriptor, in order.
+    pub statuses: Vec<Status>,
+}
+
+/// How a [`Limiter`] behaves beyond its rules and store.
+#[derive(Clone)]
+pub struct LimiterOptions {
+    /// Request size bounds.
+    pub bounds: Bounds,
+    /// What to answer when the store fails.
+    pub on_store_error: StoreErrorPolicy,
+    /// Where decisions are counted.
+    pub metrics: Arc<Metrics>,
+    /// Entries of the local over-limit cache; 0 turns it off.
+    pub local_cache: usize,
+    /// The clock of the local cache.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for LimiterOptions {
+    fn default() -> Self {
+        Self {
+            bounds: Bounds::default(),
+            on_store_error: StoreErrorPolicy::default(),
+            metrics: Arc::default(),
+            local_cache: 0,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// Rules plus a store: the decision maker behind every interface.
+pub struct Limiter<S> {
+    /// Swapped whole on reload; readers never block and never see a mix.
+    loaded: ArcSwap<Loaded>,
+    store: S,
+    bounds: Bounds,
+    on_store_error: StoreErrorPolicy,
+    metrics: Arc<Metrics>,
+    /// Counters known to be full; `None` when turned off.
+    cache: Option<OverLimitCache>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<S: CounterStore> Limiter<S> {
+    /// A limiter over `rules` and `store`.
+    pub fn new(rules: RuleSet, store: S, bounds: Bounds) -> Self {
+        Self::with_options(
+            rules,
+            store,
+            LimiterOptions {
+                bounds,
+                ..LimiterOptions::default()
+            },
+        )
+    }
+
+    /// A limiter with every option.
+    pub fn with_options(rules: RuleSet, store: S, options: LimiterOptions) -> Self {
+        Self {
+            loaded: ArcSwap::from_pointee(Loaded::new(rules)),
+            store,
+            bounds: options.bounds,
+            on_store_error: options.on_store_error,
+            metrics: options.metrics,
+            cache: OverLimitCache::new(options.local_cache),
+            clock: options.clock,
+        }
+    }
+
+    /// Where decisions are counted.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<RuleSet> {
+        self.loaded.load().rules.clone()
+    }
+
+    /// Puts `rules` in force for every later request.
+    pub fn replace_rules(&self, rules: RuleSet) {
+        self.loaded.store(Arc::new(Loaded::new(rules)));
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Decides `request`, counting it if admitted.
+    pub async fn decide(&self, request: &Request) -> Result<Decision, DecideError> {
+        self.bounds.check(request)?;
+        let loaded = self.loaded.load();
+        let Some(domain) = loaded.rules.domain(&request.domain) else {
+            return Ok(Decision {
+                admitted: true,
+                statuses: vec![Status::NO_LIMIT; request.descriptors.len()],
+            });
+        };
+        let Planned { plans, batch } = plan::plan(domain, request)?;
+
+        let now = self.clock.now();
+        let (admitted, results) = if let Some(results) = self.answer_from_cache(&batch, now) {
+            self.metrics.record_local_cache_hit();
+            (false, results)
+        } else if batch.items.is_empty() {
+            (true, Vec::new())
+        } else {
+            let started = Instant::now();
+            let result = self.store.apply(&batch).await;
+            self.metrics.record_store(
+                started.elapsed(),
+                result.as_ref().err().map(StoreError::kind),
+            );
+            match result {
+                Ok(outcome) => {
+                    self.learn(&batch, &outcome.limits, now);
+                    (outcome.admitted, outcome.limits)
+                }
+                Err(error) => return self.on_store_error(error, &plans),
+            }
+        };
+        // A cached answer goes through here exactly as a store answer does
+        // (see `overlimit`): the same statuses, the same metrics.
+        let statuses = self.conclude(&loaded, request, &plans, admitted, &results);
+        Ok(Decision { admitted, statuses })
+    }
+
+    /// One status per descriptor from the outcomes of the batch (in plan
+    /// order), each limited descriptor observed in the metrics.
+    fn conclude(
+        &self,
+        loaded: &Loaded,
+        request: &Request,
+        plans: &[Plan<'_>],
+        admitted: bool,
+        results: &[LimitOutcome],
+    ) -> Vec<Status> {
+        let mut rest = results;
+        plans
+            .iter()
+            .zip(&request.descriptors)
+            .map(|(plan, descriptor)| match plan {
+                Plan::NoLimit => Status::NO_LIMIT,
+                Plan::Unlimited => Status::UNLIMITED,
+                Plan::Limited(limited) => {
+                    let (mine, others) = rest.split_at(limited.limits.len().min(rest.len()));
+                    rest = others;
+                    self.observe(
+                        loaded,
+                        Observed {
+                            domain: &request.domain,
+                            descriptor,
+                            limited,
+                            results: mine,
+                            admitted,
+                        },
+                    );
+                    Status::of(&limited.limits, mine, limited.role)
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,182 @@
+//! The per-request plan: each descriptor matched to its limits (a rule's, or
+//! the request's own override), `replaces` applied, and the batch the store
+//! is asked, in the same order as the limited descriptors.
+
+use std::collections::HashSet;
+
+use crate::limiter::{Algorithm, Identity, IdentityBuilder, LimitSpec, Role, Window};
+use crate::request::{Descriptor, Request};
+use crate::rules::{DEFAULT_BUCKETS, Domain, Limit, Rule, Unit};
+use crate::store::{Batch, BatchItem};
+
+use super::DecideError;
+
+/// What one descriptor turned into before the store is asked.
+pub(super) enum Plan<'r> {
+    /// No rule matched: OK, nothing counted.
+    NoLimit,
+    /// The matched rule is `unlimited`.
+    Unlimited,
+    /// Counted against these limits.
+    Limited(Limited<'r>),
+}
+
+/// A descriptor with limits to check.
+pub(super) struct Limited<'r> {
+    /// Never empty: a descriptor whose limits were all replaced is `NoLimit`.
+    pub limits: Vec<PlannedLimit<'r>>,
+    pub role: Role,
+    /// The matched rule; `None` for a request-supplied override.
+    pub rule: Option<&'r Rule>,
+    /// The descriptor's weight.
+    pub hits: u64,
+}
+
+/// A limit to check: from a rule, or from the request's override.
+pub(super) struct PlannedLimit<'r> {
+    /// The rule's limit; `None` for an override.
+    pub source: Option<&'r Limit>,
+    pub spec: LimitSpec,
+    pub unit: Unit,
+    pub name: Option<&'r std::sync::Arc<str>>,
+    pub replaces: &'r [String],
+}
+
+impl<'r> From<&'r Limit> for PlannedLimit<'r> {
+    fn from(limit: &'r Limit) -> Self {
+        Self {
+            source: Some(limit),
+            spec: limit.spec,
+            unit: limit.unit,
+            name: limit.name.as_ref(),
+            replaces: &limit.replaces,
+        }
+    }
+}
+
+/// A request's plans, one per descriptor in order, and the store batch: one
+/// item per `Limited` plan, in the same order.
+pub(super) struct Planned<'r> {
+    pub plans: Vec<Plan<'r>>,
+    pub batch: Batch,
+}
+
+/// Plans `request` against `domain`'s rules.
+pub(super) fn plan<'r>(domain: &'r Domain, request: &Request) -> Result<Planned<'r>, DecideError> {
+    // Each limited plan travels with the identity of its counters until the
+    // replaced limits are known.
+    // Each limited plan travels with the identity of its counters until the
+    // replaced limits are known.
+    let matched: Vec<(Plan<'r>, Option<Identity>)> = request
+        .descriptors
+        .iter()
+        .map(|descriptor| match_descriptor(domain, request, descriptor))
+        .collect::<Result<_, _>>()?;
+
+    // `replaces`: a limit named by any matched limit is neither checked nor
+    // counted; a descriptor left without limits reports OK.
+    let replaced: HashSet<&'r str> = matched
+        .iter()
+        .filter_map(|(plan, _)| match plan {
+            Plan::Limited(limited) => Some(&limited.limits),
+            _ => None,
+        })
+        .flatten()
+        .flat_map(|limit| {
+            let names: &'r [String] = limit.replaces;
+            names.iter().map(String::as_str)
+        })
+        .collect();
+
+    let mut batch = Batch::default();
+    let plans = matched
+        .into_iter()
+        .map(|(plan, identity)| match (plan, identity) {
+            (Plan::Limited(mut limited), Some(identity)) => {
+                if !replaced.is_empty() {
+                    limited
+                        .limits
+                        .retain(|l| l.name.is_none_or(|n| !replaced.contains(&**n)));
+                }
+                if limited.limits.is_empty() {
+                    return Plan::NoLimit;
+                }
+                batch.items.push(BatchItem {
+                    identity,
+                    limits: limited.limits.iter().map(|l| l.spec).collect(),
+                    hits: limited.hits,
+                    role: limited.role,
+                });
+                Plan::Limited(limited)
+            }
+            (plan, _) => plan,
+        })
+        .collect();
+    Ok(Planned { plans, batch })
+}
+
+/// One descriptor's plan and, when limited, the identity of its counters.
+fn match_descriptor<'r>(
+    domain: &'r Domain,
+    request: &Request,
+    descriptor: &Descriptor,
+) -> Result<(Plan<'r>, Option<Identity>), DecideError> {
+    let hits = weight(request, descriptor);
+    if let Some(limit) = &descriptor.limit {
+        let mut identity = IdentityBuilder::new(&request.domain);
+        for entry in &descriptor.entries {
+            identity.value(&entry.key, &entry.value);
+        }
+        let planned = PlannedLimit {
+            source: None,
+            spec: override_spec(limit.requests_per_unit, limit.unit)?,
+            unit: limit.unit,
+            name: None,
+            replaces: &[],
+        };
+        let limited = Limited {
+            limits: vec![planned],
+            role: Role::Enforce,
+            rule: None,
+            hits,
+        };
+        return Ok((Plan::Limited(limited), Some(identity.build())));
+    }
+    Ok(match domain.find(&descriptor.entries) {
+        None => (Plan::NoLimit, None),
+        Some(found) if found.rule.unlimited => (Plan::Unlimited, None),
+        Some(found) => {
+            let limited = Limited {
+                limits: found.rule.limits.iter().map(PlannedLimit::from).collect(),
+                role: found.rule.role,
+                rule: Some(found.rule),
+                hits,
+            };
+            (Plan::Limited(limited), Some(found.identity))
+        }
+    })
+}
+
+/// A descriptor's own `hits_addend` when set (0 means check only), else the
+/// request's, where 0 means 1.
+pub(super) fn weight(request: &Request, descriptor: &Descriptor) -> u64 {
+    descriptor
+        .hits_addend
+        .unwrap_or_else(|| u64::from(request.hits_addend.max(1)))
+}
+
+/// The counting of a request-supplied limit: the default sliding window.
+fn override_spec(requests: u32, unit: Unit) -> Result<LimitSpec, DecideError> {
+    let duration_ms = unit.millis().ok_or_else(|| {
+        DecideError::InvalidArgument("descriptor limit override has no valid unit".into())
+    })?;
+    Ok(LimitSpec {
+        requests: u64::from(requests),
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::SlidingWindow {
+                precision_ms: duration_ms / DEFAULT_BUCKETS,
+            },
+        },
+    })
+}
