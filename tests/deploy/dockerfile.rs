@@ -15,6 +15,8 @@ pub(crate) struct Dockerfile {
     pub(crate) final_copies_from_stages: Vec<(String, String)>,
     pub(crate) stages: usize,
     pub(crate) run: Vec<String>,
+    /// Every COPY of the final stage, as written (flags included).
+    pub(crate) final_copies: Vec<String>,
 }
 
 pub(crate) fn dockerfile() -> Dockerfile {
@@ -45,6 +47,7 @@ pub(crate) fn dockerfile() -> Dockerfile {
         final_copies_from_stages: Vec::new(),
         stages: 0,
         run: Vec::new(),
+        final_copies: Vec::new(),
     };
     let json_form = |rest: &str| -> Vec<String> {
         serde_json::from_str(rest)
@@ -60,6 +63,7 @@ pub(crate) fn dockerfile() -> Dockerfile {
             "FROM" => {
                 file.stages += 1;
                 file.final_copies_from_stages.clear();
+                file.final_copies.clear();
                 file.user.clear();
                 file.expose.clear();
             }
@@ -72,6 +76,7 @@ pub(crate) fn dockerfile() -> Dockerfile {
             "CMD" => file.cmd = json_form(rest),
             "RUN" => file.run.push(rest.to_owned()),
             "COPY" => {
+                file.final_copies.push(rest.to_owned());
                 let words: Vec<&str> = rest.split_whitespace().collect();
                 let from_stage = words.iter().any(|w| w.starts_with("--from="));
                 let operands: Vec<&str> = words
@@ -192,5 +197,85 @@ fn the_dockerfile_copies_only_what_exists_and_is_not_ignored() {
                 "COPY {source}: left out by .dockerignore"
             );
         }
+    }
+}
+
+/// Envoy Gateway runs its rate-limit image as `command: [/bin/ratelimit]`,
+/// as user 65534, on a read-only root filesystem.
+#[test]
+fn the_image_has_bin_ratelimit_pointing_at_sluice_for_any_user() {
+    let file = dockerfile();
+    let (dir, _) = file
+        .final_copies_from_stages
+        .iter()
+        .find(|(_, dest)| dest.trim_end_matches('/') == "/bin")
+        .expect("a COPY --from=build of a directory into /bin/ (for /bin/ratelimit)");
+    let link = format!("ln -s {ENTRYPOINT} {}/ratelimit", dir.trim_end_matches('/'));
+    assert!(
+        file.run.iter().any(|r| r.contains(&link)),
+        "the build stage makes {dir}ratelimit a symlink to {ENTRYPOINT} ({link:?})"
+    );
+    // Not this image's USER but 65534: everything copied must be readable
+    // (the binary executable) by others.
+    for (copy, mode) in [
+        (ENTRYPOINT, "--chmod=0755"),
+        ("/etc/sluice/rules/", "--chmod=0644"),
+    ] {
+        assert!(
+            file.final_copies
+                .iter()
+                .any(|c| c.contains(copy) && c.contains(mode)),
+            "the COPY to {copy} sets {mode}: {:?}",
+            file.final_copies
+        );
+    }
+}
+
+/// The binary as the image lays it out for Envoy Gateway: called through a
+/// symlink named `ratelimit`, as user 65534 when the test runs as root, from
+/// a directory nobody may write, with the rules where the image puts them.
+#[test]
+fn the_binary_serves_through_a_ratelimit_symlink_as_uid_65534_from_a_read_only_directory() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    use std::os::unix::process::CommandExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let bin = root.path().join("bin");
+    let rules = root.path().join("rules");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::create_dir(&rules).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), bin.join("ratelimit")).unwrap();
+    std::fs::copy(
+        repo().join("examples/rules.yaml"),
+        rules.join("example.yaml"),
+    )
+    .unwrap();
+    for dir in [root.path(), &bin, &rules] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+    }
+    let mut ratelimit = Command::new(bin.join("ratelimit"));
+    ratelimit.current_dir(root.path());
+    // /proc/self belongs to the process's effective user.
+    if std::fs::metadata("/proc/self").unwrap().uid() == 0 {
+        ratelimit.uid(65534).gid(65534);
+    } else {
+        eprintln!("not root: running as the current user, not 65534");
+    }
+    let args = [
+        "serve".to_owned(),
+        "--rules".to_owned(),
+        rules.display().to_string(),
+    ];
+    let running = start_command(ratelimit, &args, &BTreeMap::new(), "/bin/ratelimit");
+    assert_eq!(
+        wait_for_status(running.http, READINESS_PATH, 200, Duration::from_secs(20)),
+        200
+    );
+    // The example rules were read from the read-only directory.
+    let (status, body) = http(running.http, "GET", "/rlconfig", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("example"), "{body}");
+    drop(running);
+    for dir in [root.path(), &bin, &rules] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 }

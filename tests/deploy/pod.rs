@@ -30,6 +30,18 @@ pub(crate) fn listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
 /// Starts `/sluice ARGS` with exactly `env`, the listen addresses moved to
 /// loopback port 0.
 pub(crate) fn start(args: &[String], env: &BTreeMap<String, String>, label: &str) -> Running {
+    let sluice = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    start_command(sluice, args, env, label)
+}
+
+/// As [`start`], running `program` as it is set up (its path, user and
+/// working directory).
+pub(crate) fn start_command(
+    mut program: Command,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    label: &str,
+) -> Running {
     let mut kept = Vec::new();
     let mut skip = false;
     for arg in args {
@@ -45,7 +57,7 @@ pub(crate) fn start(args: &[String], env: &BTreeMap<String, String>, label: &str
         "--grpc-addr=127.0.0.1:0".into(),
         "--http-addr=127.0.0.1:0".into(),
     ]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let mut child = program
         .args(&kept)
         .env_clear()
         .envs(env)
