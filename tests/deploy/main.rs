@@ -40,6 +40,7 @@ mod support;
 
 mod dockerfile;
 mod envoy;
+mod envoy_gateway;
 mod manifests;
 mod overlays;
 mod pod;
