@@ -206,21 +206,23 @@ impl Tls {
     }
 }
 
-/// Every `RELOAD_INTERVAL`, reads the files and, when they differ from the
-/// last read, builds a new configuration: a good one replaces the one in
-/// force, a bad one is logged and counted once (until the files change
-/// again) and changes nothing.
+/// Every `RELOAD_INTERVAL`, reads the files and, when they differ from
+/// the files in force, builds a new configuration. A good one replaces the
+/// one in force. A failure (unreadable or unusable files) changes nothing;
+/// it is logged and counted once it is seen twice in a row, so that the
+/// moment between replacing the key and replacing the certificate of a
+/// pair is not reported, and once only while it lasts.
 async fn watch(
     tls: Arc<Tls>,
     files: TlsFiles,
-    mut seen: Contents,
+    mut in_force: Contents,
     counters: ReloadCounters,
     closing: CancellationToken,
 ) {
     let files = Arc::new(files);
-    // The last read error logged, so that a file that stays unreadable is
-    // reported once rather than every few seconds.
-    let mut unreadable: Option<String> = None;
+    // The last failure seen, and the last one reported.
+    let mut failed: Option<String> = None;
+    let mut reported: Option<String> = None;
     loop {
         tokio::select! {
             () = closing.cancelled() => return,
@@ -228,37 +230,34 @@ async fn watch(
         }
         let reading = files.clone();
         // Blocking file reads, off the serving threads.
-        let read = tokio::task::spawn_blocking(move || Contents::read(&reading)).await;
-        let contents = match read {
-            Ok(Ok(contents)) => {
-                unreadable = None;
-                contents
-            }
-            Ok(Err(error)) => {
-                let message = error.to_string();
-                if unreadable.as_ref() != Some(&message) {
-                    counters.error.inc();
-                    tracing::error!(%error, "TLS files not readable; keeping the configuration in force");
-                    unreadable = Some(message);
-                }
-                continue;
-            }
-            Err(_) => continue,
-        };
-        if contents == seen {
+        let Ok(read) = tokio::task::spawn_blocking(move || Contents::read(&reading)).await else {
             continue;
-        }
-        match server_config(&files, &contents) {
-            Ok(config) => {
+        };
+        let loaded = read.and_then(|contents| {
+            if contents == in_force {
+                return Ok(None);
+            }
+            let config = server_config(&files, &contents)?;
+            Ok(Some((config, contents)))
+        });
+        match loaded {
+            Ok(None) => (failed, reported) = (None, None),
+            Ok(Some((config, contents))) => {
                 tls.current.store(Arc::new(config));
+                in_force = contents;
+                (failed, reported) = (None, None);
                 counters.ok.inc();
                 tracing::info!(cert = %files.cert.display(), "TLS certificate reloaded");
             }
             Err(error) => {
-                counters.error.inc();
-                tracing::error!(%error, "TLS files changed but do not load; keeping the configuration in force");
+                let message = error.to_string();
+                if failed.as_ref() == Some(&message) && reported.as_ref() != Some(&message) {
+                    counters.error.inc();
+                    tracing::error!(%error, "TLS files changed but do not load; keeping the configuration in force");
+                    reported = Some(message.clone());
+                }
+                failed = Some(message);
             }
         }
-        seen = contents;
     }
 }
