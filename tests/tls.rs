@@ -86,7 +86,11 @@ impl Ca {
     /// certificates, it has no extended key usage, so it serves as a
     /// server and as a client certificate.
     fn sign(&self, key: &KeyPair, key_pem: String) -> Leaf {
-        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        self.sign_for("localhost", key, key_pem)
+    }
+
+    fn sign_for(&self, name: &str, key: &KeyPair, key_pem: String) -> Leaf {
+        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
         params.distinguished_name.push(DnType::CommonName, "envoy");
         let cert = params.signed_by(key, &self.issuer).unwrap();
         Leaf {
@@ -114,11 +118,15 @@ impl Ca {
     /// An RSA 2048 certificate whose key file is PKCS#1 (`RSA PRIVATE
     /// KEY`, as Envoy Gateway writes it) or PKCS#8.
     fn rsa_leaf(&self, pkcs1: bool) -> Leaf {
+        self.rsa_leaf_for("localhost", pkcs1)
+    }
+
+    fn rsa_leaf_for(&self, name: &str, pkcs1: bool) -> Leaf {
         let rsa = openssl(&["genrsa", "-traditional", "2048"], "");
         assert!(rsa.starts_with("-----BEGIN RSA PRIVATE KEY-----"), "{rsa}");
         let pkcs8 = openssl(&["pkcs8", "-topk8", "-nocrypt"], &rsa);
         let key = KeyPair::from_pkcs8_pem_and_sign_algo(&pkcs8, &rcgen::PKCS_RSA_SHA256).unwrap();
-        self.sign(&key, if pkcs1 { rsa } else { pkcs8 })
+        self.sign_for(name, &key, if pkcs1 { rsa } else { pkcs8 })
     }
 }
 
@@ -561,7 +569,9 @@ async fn mutual(ca: &Ca) -> (Running, SecretVolume) {
 async fn with_a_ca_a_client_certificate_from_it_is_accepted() {
     let ca = Ca::new("envoy-gateway");
     let (server, _volume) = mutual(&ca).await;
-    let envoy = ca.rsa_leaf(true);
+    // Envoy's certificate as Envoy Gateway makes it: RSA, PKCS#1, no
+    // extended key usage, and a one-label wildcard for its namespace.
+    let envoy = ca.rsa_leaf_for("*.envoy-gateway-system", true);
     assert!(answered(server.grpc, client_config(&ca, Some(&envoy))).await);
     server.stop().await;
 }
@@ -710,5 +720,33 @@ async fn the_tls_handshake_and_preface_count_inside_the_handshake_deadline() {
         r#"sluice_connections_closed_total{listener="grpc",reason="handshake_timeout"}"#;
     assert_eq!(server.metric(closed_by_deadline).await, 1);
     let _ = tls.shutdown().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_tls_listener_closes_new_connections_without_a_plaintext_refusal() {
+    let ca = Ca::new("test-ca");
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options();
+    options.grpc_connections.max_connections = 1;
+    let server = serve(plain_files(dir.path(), &ca.leaf()), options).await;
+    let (open, _) = channel(server.grpc, client_config(&ca, None))
+        .await
+        .unwrap();
+    assert_eq!(should_rate_limit(&open).await.unwrap(), OK);
+
+    let mut refused = TcpStream::connect(server.grpc).await.unwrap();
+    let mut received = Vec::new();
+    // Closed at once; a reset instead of an orderly close also ends it.
+    let _ = tokio::time::timeout(Duration::from_secs(30), refused.read_to_end(&mut received))
+        .await
+        .expect("the refused connection was closed");
+    assert!(
+        received.is_empty(),
+        "a TLS client must not be sent HTTP/2 frames in the clear: {received:?}"
+    );
+    let refusals = r#"sluice_connections_refused_total{listener="grpc"}"#;
+    assert_eq!(server.metric(refusals).await, 1);
+    assert_eq!(should_rate_limit(&open).await.unwrap(), OK);
     server.stop().await;
 }
