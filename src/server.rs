@@ -2,7 +2,8 @@
 //! `run` serves both until `shutdown` is cancelled; callers bind the sockets
 //! (tests bind `127.0.0.1:0`). Each listener owns its accept loop
 //! (`conn`), which bounds connections; `grpc` and `http` serve one
-//! connection of each kind. gRPC health and `/readyz` give the same answer,
+//! connection of each kind, and `tls` loads and reloads the gRPC port's
+//! certificates. gRPC health and `/readyz` give the same answer,
 //! [`readiness`].
 
 use std::io;
@@ -21,9 +22,11 @@ mod conn;
 mod grpc;
 mod health;
 mod http;
+mod tls;
 
 pub use conn::ConnLimits;
 pub use grpc::GrpcLimits;
+pub use tls::{TlsError, TlsFiles};
 
 /// Both listening sockets.
 pub struct Listeners {
@@ -31,6 +34,9 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// Admin HTTP.
     pub http: TcpListener,
+    /// When set, the gRPC listener serves TLS (mutual TLS with a CA file)
+    /// instead of plaintext HTTP/2.
+    pub grpc_tls: Option<TlsFiles>,
 }
 
 impl Listeners {
@@ -39,7 +45,16 @@ impl Listeners {
         Ok(Self {
             grpc: TcpListener::bind(grpc).await?,
             http: TcpListener::bind(http).await?,
+            grpc_tls: None,
         })
+    }
+
+    /// Serves gRPC over TLS with `files`.
+    pub fn with_grpc_tls(self, files: TlsFiles) -> Self {
+        Self {
+            grpc_tls: Some(files),
+            ..self
+        }
     }
 
     /// The bound gRPC address (useful with port 0).
@@ -59,6 +74,9 @@ pub enum ServeError {
     /// The reflection descriptors could not be loaded.
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The gRPC listener's TLS files could not be loaded.
+    #[error("gRPC listener: {0}")]
+    Tls(#[from] TlsError),
 }
 
 /// How the listeners behave.
@@ -129,10 +147,24 @@ pub async fn run<S: CounterStore>(
         options.grpc.max_request_bytes,
     )?;
 
+    let metrics = limiter.metrics();
+    let closing = CancellationToken::new();
+    // Before anything is served, so that bad files stop the start.
+    let tls = match listeners.grpc_tls {
+        Some(files) => {
+            let (ok, error) = metrics.tls_reload_counters();
+            Some(tls::Tls::start(
+                files,
+                tls::ReloadCounters { ok, error },
+                closing.clone(),
+            )?)
+        }
+        None => None,
+    };
+
     // Shutdown in stages: health and readiness turn false at once, the
     // listeners keep serving for `shutdown_delay` (so load balancers and
     // Kubernetes remove the endpoint first), then stop accepting.
-    let closing = CancellationToken::new();
     let (draining, close) = (shutdown.clone(), closing.clone());
     let delay = options.shutdown_delay;
     tokio::spawn(async move {
@@ -144,7 +176,6 @@ pub async fn run<S: CounterStore>(
     // RLQS beside RLS on the same port; its own state, off the RLS path.
     let (rlqs, rlqs_admin) = crate::rlqs::serve(&limiter, closing.clone());
     let routes = routes.add_service(rlqs);
-    let metrics = limiter.metrics();
     let invalid = Arc::new(metrics.invalid_request_counters());
     let http2 = grpc::http2_builder(&options.grpc);
     let grpc = conn::accept(
@@ -153,7 +184,11 @@ pub async fn run<S: CounterStore>(
             name: "grpc",
             limits: options.grpc_connections,
             counters: metrics.connection_counters("grpc"),
-            refusal: conn::GRPC_REFUSAL,
+            refusal: if tls.is_some() {
+                b""
+            } else {
+                conn::GRPC_REFUSAL
+            },
             // The HTTP/2 client preface.
             handshake_bytes: 24,
             shutdown_grace: options.shutdown_grace,
@@ -162,7 +197,8 @@ pub async fn run<S: CounterStore>(
         |io, activity| {
             let requests =
                 grpc::GrpcRequests::new(routes.clone(), &options.grpc, invalid.clone(), activity);
-            grpc::serve(&http2, io, requests)
+            let acceptor = tls.as_ref().map(|tls| tls.acceptor());
+            grpc::AnyGrpcConnection::new(acceptor, &http2, io, requests)
         },
     );
     let router =
@@ -183,9 +219,12 @@ pub async fn run<S: CounterStore>(
         closing.clone(),
         // One request deadline for both ports (`request_timeout_ms`).
         |io, activity| {
-            let requests =
-                http::HttpRequests::new(router.clone(), options.grpc.request_timeout, activity);
-            http::serve(&http1, io, requests)
+            let requests = http::HttpRequests::new(
+                router.clone(),
+                options.grpc.request_timeout,
+                activity.clone(),
+            );
+            http::serve(&http1, conn::Tracked::new(io, activity), requests)
         },
     );
     // Long-lived streams (a health Watch, say) must not hold shutdown open

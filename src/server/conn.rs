@@ -66,7 +66,8 @@ pub(crate) struct Listener {
     pub limits: ConnLimits,
     pub counters: ConnectionCounters,
     /// Written (best effort, never waited for) to a connection refused
-    /// because the listener is full, before closing it.
+    /// because the listener is full, before closing it; empty for a TLS
+    /// listener, whose clients expect a TLS record first.
     pub refusal: &'static [u8],
     /// Bytes a client must have sent by the handshake deadline.
     pub handshake_bytes: u64,
@@ -75,7 +76,8 @@ pub(crate) struct Listener {
 }
 
 /// Accepts on `socket` until `closing` is cancelled, serving each
-/// connection with `serve` in its own task; then waits until every
+/// connection with `serve` in its own task (which must read through
+/// [`Tracked`], so that the handshake deadline sees the bytes); then waits until every
 /// connection has closed (each is told to finish at once, and is closed
 /// after `shutdown_grace` at the latest).
 pub(crate) async fn accept<C, F>(
@@ -85,7 +87,7 @@ pub(crate) async fn accept<C, F>(
     serve: F,
 ) where
     C: Served + 'static,
-    F: Fn(Tracked<TcpStream>, Arc<Activity>) -> C,
+    F: Fn(TcpStream, Arc<Activity>) -> C,
 {
     let listener = Arc::new(listener);
     let permits = Arc::new(Semaphore::new(listener.limits.max_connections as usize));
@@ -103,20 +105,16 @@ pub(crate) async fn accept<C, F>(
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             listener.counters.refused.inc();
             // Never wait on a refused client: one write attempt, then close.
-            let _ = stream.try_write(listener.refusal);
+            if !listener.refusal.is_empty() {
+                let _ = stream.try_write(listener.refusal);
+            }
             continue;
         };
         // Decisions are small and latency-bound: never let Nagle hold a
         // reply back.
         let _ = stream.set_nodelay(true);
         let activity = Arc::new(Activity::new());
-        let connection = serve(
-            Tracked {
-                io: stream,
-                activity: activity.clone(),
-            },
-            activity.clone(),
-        );
+        let connection = serve(stream, activity.clone());
         let (listener, closing) = (listener.clone(), closing.clone());
         tokio::spawn(async move {
             listener.counters.open.inc();
@@ -272,10 +270,18 @@ impl Drop for InFlight {
     }
 }
 
-/// A socket that counts the bytes it receives.
+/// A socket that counts the bytes it receives. Over TLS it wraps the
+/// decrypted stream, so a client must finish the TLS handshake and send
+/// its HTTP/2 preface within the handshake deadline.
 pub(crate) struct Tracked<T> {
     io: T,
     activity: Arc<Activity>,
+}
+
+impl<T> Tracked<T> {
+    pub(crate) fn new(io: T, activity: Arc<Activity>) -> Self {
+        Self { io, activity }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {

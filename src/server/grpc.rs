@@ -7,12 +7,14 @@ use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tonic::body::Body;
 use tonic::codegen::Service;
@@ -85,24 +87,150 @@ pub(crate) fn http2_builder(limits: &GrpcLimits) -> http2::Builder<TokioExecutor
     builder
 }
 
-type Io = TokioIo<Tracked<TcpStream>>;
+/// One gRPC connection being served over `T` (a TCP or TLS stream).
+pub(crate) type GrpcConnection<T> =
+    http2::Connection<TokioIo<Tracked<T>>, GrpcRequests, TokioExecutor>;
 
-/// One gRPC connection being served.
-pub(crate) type GrpcConnection = http2::Connection<Io, GrpcRequests, TokioExecutor>;
-
-impl Served for GrpcConnection {
+impl<T> Served for GrpcConnection<T>
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     fn shut_down_gracefully(self: Pin<&mut Self>) {
         self.graceful_shutdown();
     }
 }
 
 /// Serves `io` with `requests`.
-pub(crate) fn serve(
+pub(crate) fn serve<T>(
     builder: &http2::Builder<TokioExecutor>,
-    io: Tracked<TcpStream>,
+    io: Tracked<T>,
     requests: GrpcRequests,
-) -> GrpcConnection {
+) -> GrpcConnection<T>
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     builder.serve_connection(TokioIo::new(io), requests)
+}
+
+/// One gRPC connection over TLS: the TLS handshake, then HTTP/2 over the
+/// decrypted stream. Both run inside the listener's deadlines.
+pub(crate) struct TlsGrpcConnection {
+    state: TlsState,
+}
+
+enum TlsState {
+    Handshake {
+        accept: Pin<Box<tokio_rustls::Accept<TcpStream>>>,
+        builder: http2::Builder<TokioExecutor>,
+        requests: GrpcRequests,
+    },
+    Serving(Pin<Box<GrpcConnection<tokio_rustls::server::TlsStream<TcpStream>>>>),
+    Closed,
+}
+
+impl TlsGrpcConnection {
+    /// Starts the TLS handshake on `tcp`, to serve `requests` after it.
+    pub(crate) fn new(
+        acceptor: &tokio_rustls::TlsAcceptor,
+        builder: &http2::Builder<TokioExecutor>,
+        tcp: TcpStream,
+        requests: GrpcRequests,
+    ) -> Self {
+        Self {
+            state: TlsState::Handshake {
+                accept: Box::pin(acceptor.accept(tcp)),
+                builder: builder.clone(),
+                requests,
+            },
+        }
+    }
+}
+
+impl Future for TlsGrpcConnection {
+    type Output = Result<(), hyper::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match &mut self.state {
+                TlsState::Handshake {
+                    accept,
+                    builder,
+                    requests,
+                } => {
+                    let tls = match ready!(accept.as_mut().poll(cx)) {
+                        Ok(tls) => tls,
+                        Err(error) => {
+                            // A client that does not speak TLS, or shows no
+                            // certificate or one from another CA.
+                            tracing::debug!(%error, "TLS handshake failed");
+                            self.state = TlsState::Closed;
+                            return Poll::Ready(Ok(()));
+                        }
+                    };
+                    let activity = requests.activity.clone();
+                    let connection = serve(builder, Tracked::new(tls, activity), requests.clone());
+                    self.state = TlsState::Serving(Box::pin(connection));
+                }
+                TlsState::Serving(connection) => return connection.as_mut().poll(cx),
+                TlsState::Closed => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+}
+
+impl Served for TlsGrpcConnection {
+    fn shut_down_gracefully(mut self: Pin<&mut Self>) {
+        match &mut self.state {
+            // Nothing was asked yet: close at once.
+            TlsState::Handshake { .. } => self.state = TlsState::Closed,
+            TlsState::Serving(connection) => connection.as_mut().graceful_shutdown(),
+            TlsState::Closed => {}
+        }
+    }
+}
+
+/// A gRPC connection of either kind, as one listener serves one kind.
+pub(crate) enum AnyGrpcConnection {
+    Plain(Pin<Box<GrpcConnection<TcpStream>>>),
+    Tls(TlsGrpcConnection),
+}
+
+impl AnyGrpcConnection {
+    /// Serves `tcp`: over TLS when the listener has an acceptor.
+    pub(crate) fn new(
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        builder: &http2::Builder<TokioExecutor>,
+        tcp: TcpStream,
+        requests: GrpcRequests,
+    ) -> Self {
+        match tls {
+            Some(acceptor) => Self::Tls(TlsGrpcConnection::new(&acceptor, builder, tcp, requests)),
+            None => {
+                let io = Tracked::new(tcp, requests.activity.clone());
+                Self::Plain(Box::pin(serve(builder, io, requests)))
+            }
+        }
+    }
+}
+
+impl Future for AnyGrpcConnection {
+    type Output = Result<(), hyper::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Self::Plain(connection) => connection.as_mut().poll(cx),
+            Self::Tls(connection) => Pin::new(connection).poll(cx),
+        }
+    }
+}
+
+impl Served for AnyGrpcConnection {
+    fn shut_down_gracefully(self: Pin<&mut Self>) {
+        match self.get_mut() {
+            Self::Plain(connection) => connection.as_mut().graceful_shutdown(),
+            Self::Tls(connection) => Pin::new(connection).shut_down_gracefully(),
+        }
+    }
 }
 
 /// The requests of one connection, answered by tonic's routes.

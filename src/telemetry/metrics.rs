@@ -242,6 +242,7 @@ pub struct Metrics {
     store_error_policy: Family<PolicyLabels, Counter>,
     local_cache_hits: Counter,
     reloads: Family<ResultLabels, Counter>,
+    tls_reloads: Family<ResultLabels, Counter>,
     connections_open: Family<ListenerLabels, Gauge>,
     connections_refused: Family<ListenerLabels, Counter>,
     connections_closed: Family<ClosedLabels, Counter>,
@@ -272,6 +273,7 @@ impl Metrics {
             store_error_policy: Family::default(),
             local_cache_hits: Counter::default(),
             reloads: Family::default(),
+            tls_reloads: Family::default(),
             connections_open: Family::default(),
             connections_refused: Family::default(),
             connections_closed: Family::default(),
@@ -340,6 +342,11 @@ impl Metrics {
             "sluice_rules_reloads",
             "Rules reloads by result",
             metrics.reloads.clone(),
+        );
+        registry.register(
+            "sluice_tls_reloads",
+            "gRPC TLS certificate reloads by result",
+            metrics.tls_reloads.clone(),
         );
         registry.register(
             "sluice_rules_loaded_timestamp_seconds",
@@ -499,6 +506,17 @@ impl Metrics {
         if ok {
             self.rules_loaded.set(unix_seconds);
         }
+    }
+
+    /// The gRPC listener's TLS reload counters: files that took effect,
+    /// and files that changed but could not be used.
+    pub fn tls_reload_counters(&self) -> (Counter, Counter) {
+        let result = |result: &str| {
+            self.tls_reloads.get_or_create_owned(&ResultLabels {
+                result: result.to_owned(),
+            })
+        };
+        (result("success"), result("error"))
     }
 
     /// The connection series of `listener` (`grpc` or `http`).

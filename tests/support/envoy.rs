@@ -1,4 +1,4 @@
-//! The Envoy binary the Envoy tests run (`tests/deploy.rs` and
+//! The Envoy binary the Envoy tests run (`tests/deploy/` and
 //! `tests/rlqs_envoy.rs`).
 
 use std::path::PathBuf;
