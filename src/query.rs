@@ -47,8 +47,12 @@ pub struct QueryArgs {
     #[arg(long = "descriptor", value_name = "K=V[,K=V...]", required = true)]
     pub descriptors: Vec<DescriptorArg>,
     /// Request weight (hits_addend); 0 or absent means 1
-    #[arg(long)]
+    #[arg(long, conflicts_with = "peek")]
     pub hits: Option<u32>,
+    /// Read the counters without charging them: every descriptor's own
+    /// hits_addend is 0 (a request-level 0 would mean 1)
+    #[arg(long)]
+    pub peek: bool,
     /// Give up after this long (e.g. 500ms, 5s)
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub timeout: u64,
@@ -85,6 +89,7 @@ impl QueryArgs {
                             value: v.clone(),
                         })
                         .collect(),
+                    hits_addend: self.peek.then_some(0),
                     ..Default::default()
                 })
                 .collect(),
@@ -191,5 +196,44 @@ mod tests {
         );
         assert!("novalue".parse::<DescriptorArg>().is_err());
         assert!("=v".parse::<DescriptorArg>().is_err());
+    }
+
+    #[test]
+    fn peek_sets_every_descriptors_own_weight_to_zero() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            query: QueryArgs,
+        }
+        let cli = Cli::parse_from([
+            "q",
+            "--domain",
+            "d",
+            "--descriptor",
+            "a=1",
+            "--descriptor",
+            "b=2",
+            "--peek",
+        ]);
+        let request = cli.query.request();
+        assert_eq!(request.hits_addend, 0);
+        assert!(request.descriptors.iter().all(|d| d.hits_addend == Some(0)));
+        let plain = Cli::parse_from(["q", "--domain", "d", "--descriptor", "a=1"]);
+        assert_eq!(plain.query.request().descriptors[0].hits_addend, None);
+        assert!(
+            Cli::try_parse_from([
+                "q",
+                "--domain",
+                "d",
+                "--descriptor",
+                "a=1",
+                "--peek",
+                "--hits",
+                "3"
+            ])
+            .is_err(),
+            "--peek and --hits contradict each other"
+        );
     }
 }

@@ -223,7 +223,7 @@ impl<S: CounterStore> Limiter<S> {
                             admitted,
                         },
                     );
-                    Status::of(&limited.limits, mine, limited.role)
+                    Status::of(limited, mine)
                 }
             })
             .collect()

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::duration::{parse_duration, parse_unit};
 use super::wildcard::Pattern;
 use super::yaml::{self, Kind, Node as Yaml};
-use super::{ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
+use super::{Annotations, ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
 use crate::limiter::algorithm::{MAX_BUCKET_TICKS, MAX_LOG_ENTRIES};
 use crate::limiter::{Algorithm, LimitSpec, Role, Window};
 
@@ -592,6 +592,10 @@ impl Compiler<'_> {
             role,
             detailed_metric: flags.detailed_metric,
             metric_values: flags.value_levels.clone(),
+            annotations: Arc::new(Annotations {
+                path: path.to_owned(),
+                metadata: present("metadata").map(|node| node.to_json()),
+            }),
         })
     }
 

@@ -103,6 +103,21 @@ pub struct Rule {
     /// Per entry depth, whether its runtime value labels metrics
     /// (`value_to_metric` at that level, or `detailed_metric` for all).
     pub metric_values: Vec<bool>,
+    /// What a decision reports about the rule; shared, so a status can carry
+    /// it for the price of a reference count.
+    pub annotations: Arc<Annotations>,
+}
+
+/// What a rule tells callers beyond its limits: where it is, and the
+/// `metadata` of the rules file (passed through to Envoy, never
+/// interpreted).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Annotations {
+    /// The rule's path, `domain/key=value/key…`.
+    pub path: String,
+    /// The rule's `metadata` as JSON (YAML scalars typed as YAML 1.1 plain
+    /// scalars are: `true`, `10`, `~`); `None` without one.
+    pub metadata: Option<serde_json::Value>,
 }
 
 impl Rule {

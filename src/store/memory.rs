@@ -28,7 +28,7 @@ use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
-use crate::limiter::{Clock, CounterKey, LimitSpec, Millis, State, admits};
+use crate::limiter::{Clock, CounterKey, Identity, LimitSpec, Millis, State, Window, admits};
 
 /// Counters sampled when a full shard must make room.
 const EVICTION_SAMPLES: usize = 8;
@@ -395,6 +395,27 @@ impl Shard {
 impl CounterStore for MemoryStore {
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
         Ok(self.apply_at(batch, self.clock.now()))
+    }
+
+    async fn reset(&self, identity: &Identity, windows: &[Window]) -> Result<(), StoreError> {
+        self.forget(identity, windows);
+        Ok(())
+    }
+}
+
+impl MemoryStore {
+    /// Drops the counters of `identity` under `windows`.
+    pub fn forget(&self, identity: &Identity, windows: &[Window]) {
+        for window in windows {
+            let key = CounterKey {
+                identity: identity.clone(),
+                window: *window,
+            };
+            let mut shard = self.shards[self.shard_of(&key)].lock();
+            if let Some(counter) = shard.counters.swap_remove(&key) {
+                shard.bytes -= counter.bytes;
+            }
+        }
     }
 }
 

@@ -16,7 +16,7 @@ pub use redis::{
 use std::future::Future;
 use std::time::Duration;
 
-use crate::limiter::{Identity, LimitSpec, MAX_HITS, Role};
+use crate::limiter::{Identity, LimitSpec, MAX_HITS, Role, Window};
 
 /// Everything one request asks of the store.
 #[derive(Clone, Debug, Default)]
@@ -117,6 +117,22 @@ pub trait CounterStore: Send + Sync + 'static {
     /// counts every one of them, atomically.
     fn apply(&self, batch: &Batch)
     -> impl Future<Output = Result<BatchOutcome, StoreError>> + Send;
+
+    /// Forgets the counters of `identity` under `windows` (the admin
+    /// `DELETE /counters`): its next request starts from empty. Outside the
+    /// request path; a store that cannot do it says so.
+    fn reset(
+        &self,
+        identity: &Identity,
+        windows: &[Window],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (identity, windows);
+        async {
+            Err(StoreError::Unavailable(
+                "this counter store cannot reset counters".into(),
+            ))
+        }
+    }
 
     /// Whether the store can take requests now (for readiness probes).
     fn is_ready(&self) -> bool {

@@ -51,10 +51,11 @@ pub use self::url::RedisUrl;
 use self::url::parse_url;
 use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
 use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
-use crate::limiter::{Clock, LimitSpec, Role, admits};
+use crate::limiter::{Clock, Identity, LimitSpec, Role, Window, admits};
 
 const DECIDE: &str = include_str!("redis/decide.lua");
 const REFUND: &str = include_str!("redis/refund.lua");
+const RESET: &str = include_str!("redis/reset.lua");
 
 /// How long a call that timed out is still awaited, to refund what it
 /// counted.
@@ -600,6 +601,22 @@ impl CounterStore for RedisStore {
             }
             Route::Cluster(cluster) => cluster.is_ready(),
         }
+    }
+
+    /// One script call deleting the identity's HASH, on the node that owns
+    /// it (the windows share that HASH).
+    async fn reset(&self, identity: &Identity, _windows: &[Window]) -> Result<(), StoreError> {
+        let key = identity.storage_key(&self.prefix);
+        self.shared
+            .clone()
+            .send(
+                Script::from_lua(RESET),
+                vec![key],
+                Vec::new(),
+                Guard::Breaker,
+            )
+            .await
+            .map(drop)
     }
 
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
