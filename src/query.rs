@@ -177,10 +177,52 @@ pub fn render(args: &QueryArgs, response: &pb::RateLimitResponse) -> String {
         }
         out.push('\n');
     }
+    if let Some(why) = refused(response) {
+        let _ = writeln!(out, "  {why}");
+    }
     for header in &response.response_headers_to_add {
         let _ = writeln!(out, "  header {}: {}", header.key, header.value);
     }
     out
+}
+
+/// Sluice's explanation of a refusal (`dynamic_metadata.refused`) as one
+/// line, when the server gave one.
+fn refused(response: &pb::RateLimitResponse) -> Option<String> {
+    use prost_types::value::Kind;
+    let Some(Kind::StructValue(refused)) = response
+        .dynamic_metadata
+        .as_ref()?
+        .fields
+        .get("refused")?
+        .kind
+        .as_ref()
+    else {
+        return None;
+    };
+    let field = |name: &str| match refused.fields.get(name).and_then(|v| v.kind.as_ref()) {
+        Some(Kind::StringValue(s)) => s.clone(),
+        Some(Kind::NumberValue(n)) => format!("{n}"),
+        _ => "?".to_owned(),
+    };
+    Some(if field("reason") == "store_error" {
+        format!(
+            "refused: the counter store failed and the server denies ([{}] {})",
+            field("index"),
+            field("descriptor")
+        )
+    } else {
+        format!(
+            "refused by {} ({} per {}, {}) on [{}] {}; retry in {} s",
+            field("limit"),
+            field("requests_per_unit"),
+            field("window"),
+            field("algorithm"),
+            field("index"),
+            field("descriptor"),
+            field("retry_after_seconds")
+        )
+    })
 }
 
 #[cfg(test)]

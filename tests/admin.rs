@@ -654,3 +654,22 @@ async fn counters_are_inspected_and_reset_in_redis() {
     inspect_and_reset(&server, "r").await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_are_inspected_and_reset_in_a_redis_cluster() {
+    let cluster = support::redis::RedisCluster::start();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = redis_store(
+        &cluster.url(),
+        clock.clone(),
+        TimeSource::Redis,
+        Duration::from_secs(2),
+    )
+    .await;
+    let server = counters_server(store, clock, true).await;
+    // Several identities, so their HASHes land in different slots and nodes.
+    for who in ["c1", "c2", "c3", "c4"] {
+        inspect_and_reset(&server, who).await;
+    }
+    server.stop().await;
+}

@@ -525,5 +525,18 @@ async fn query_peek_reads_the_counters_without_charging_them() {
     assert_eq!(r.statuses[0].limit_remaining, 9);
     let r = query(&args(true)).await.expect("answer");
     assert_eq!(r.statuses[0].limit_remaining, 9);
+
+    // A refusal is printed with the limit that refused it.
+    let gap = QueryArgs {
+        descriptors: vec!["api_key=k9".parse().unwrap()],
+        ..args(false)
+    };
+    query(&gap).await.expect("answer");
+    let r = query(&gap).await.expect("answer");
+    let text = sluice::query::render(&gap, &r);
+    assert!(
+        text.contains("refused by min-gap (1 per 2s, sliding_log) on [0] api_key=k9; retry in 2 s"),
+        "{text}"
+    );
     server.stop().await;
 }
