@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sluice::decision::Limiter;
+use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::server::ServeExtras;
 use sluice::store::{MemoryStore, MemoryStoreConfig};
@@ -389,6 +390,14 @@ struct Sluice {
 
 impl Sluice {
     async fn start(rules_yaml: &str, extras: ServeExtras) -> Self {
+        Self::start_with_headers(rules_yaml, HeaderMode::Off, extras).await
+    }
+
+    async fn start_with_headers(
+        rules_yaml: &str,
+        headers: HeaderMode,
+        extras: ServeExtras,
+    ) -> Self {
         let clock = Arc::new(ManualClock::new(T0));
         let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
         let limiter = Arc::new(Limiter::with_options(
@@ -399,9 +408,12 @@ impl Sluice {
                 ..Default::default()
             },
         ));
+        let options = sluice::server::ServeOptions {
+            headers,
+            ..Default::default()
+        };
         let server =
-            Server::start_with_extras(limiter.clone(), Default::default(), extras, clock.clone())
-                .await;
+            Server::start_with_extras(limiter.clone(), options, extras, clock.clone()).await;
         Self {
             server,
             limiter,
@@ -559,7 +571,14 @@ async fn the_example_configs_limits_hold_through_envoy() {
 
         // api_key: one per 2 seconds (and 20 a minute).
         let key = [("x-api-key", "k1")];
-        assert_eq!(get_from(front, 4, "/", &key).status, 200);
+        let r = get_from(front, 4, "/", &key);
+        assert_eq!(r.status, 200, "{r:?}");
+        // Envoy's own headers cannot name the 2 s window (README says so).
+        let limit = r.header("x-ratelimit-limit").unwrap();
+        assert!(
+            !limit.contains("w=2;") && !limit.contains("min-gap"),
+            "{limit}"
+        );
         let r = get_from(front, 4, "/", &key);
         assert_eq!(r.status, 429, "{r:?}");
         let body: Value = serde_json::from_str(&r.body).unwrap();
@@ -865,4 +884,54 @@ fn every_envoy_snippet_of_the_readme_is_run_by_a_test() {
         );
     }
     assert!(names.len() >= 7, "{names:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluices_own_headers_name_every_window_through_envoy() {
+    // The README's alternative: Envoy's headers off, Sluice's draft03 on.
+    let rules = std::fs::read_to_string(repo().join("examples/rules.yaml")).unwrap();
+    let sluice =
+        Sluice::start_with_headers(&rules, HeaderMode::Draft03, ServeExtras::default()).await;
+    let app = App::start();
+    let (mut config, front, admin) = example_front_proxy(sluice.addr(), app.addr);
+    for listener in config["static_resources"]["listeners"]
+        .as_array_mut()
+        .unwrap()
+    {
+        for chain in listener["filter_chains"].as_array_mut().unwrap() {
+            for filter in chain["filters"].as_array_mut().unwrap() {
+                for http in filter["typed_config"]["http_filters"]
+                    .as_array_mut()
+                    .unwrap()
+                {
+                    if let Some(config) = http["typed_config"].as_object_mut() {
+                        config.remove("enable_x_ratelimit_headers");
+                    }
+                }
+            }
+        }
+    }
+    let envoy = Envoy::start(&config, front, admin);
+    let r = blocking(move || {
+        let headers = [("x-api-key", "k1"), ("x-user", "alice")];
+        let r = get_from(front, 2, "/report", &headers);
+        drop(envoy);
+        r
+    })
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let limits: Vec<&str> = r
+        .head
+        .lines()
+        .filter_map(|l| l.strip_prefix("x-ratelimit-limit: "))
+        .collect();
+    assert_eq!(limits.len(), 1, "one set of headers, Sluice's: {r:?}");
+    for window in ["w=60;name=\"per-address\"", "w=2;name=\"min-gap\"", "w=300"] {
+        assert!(
+            limits[0].contains(window),
+            "{window} missing: {}",
+            limits[0]
+        );
+    }
+    sluice.server.stop().await;
 }
