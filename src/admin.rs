@@ -420,9 +420,9 @@ fn counter_request(query: &HashMap<String, String>) -> Result<Request, String> {
                 .into_iter()
                 .map(|(key, value)| Entry { key, value })
                 .collect(),
-            limit: None,
             // A peek: the counters are read, not charged.
             hits_addend: Some(0),
+            ..Descriptor::default()
         }],
         hits_addend: 0,
     })
