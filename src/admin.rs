@@ -307,6 +307,7 @@ impl JsonRequest {
                         })
                         .collect(),
                     limit,
+                    is_negative_hits: false,
                     hits_addend,
                 })
             })

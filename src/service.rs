@@ -117,11 +117,6 @@ pub fn from_pb(request: pb::RateLimitRequest) -> Result<Request, DecideError> {
         .into_iter()
         .enumerate()
         .map(|(i, d)| {
-            if d.is_negative_hits {
-                return Err(DecideError::InvalidArgument(format!(
-                    "descriptor {i}: is_negative_hits is not supported"
-                )));
-            }
             let limit = match d.limit {
                 None => None,
                 Some(l) => Some(Override {
@@ -129,7 +124,7 @@ pub fn from_pb(request: pb::RateLimitRequest) -> Result<Request, DecideError> {
                     unit: override_unit(l.unit, i)?,
                 }),
             };
-            Ok(Descriptor {
+            Ok::<_, DecideError>(Descriptor {
                 entries: d
                     .entries
                     .into_iter()
@@ -140,6 +135,7 @@ pub fn from_pb(request: pb::RateLimitRequest) -> Result<Request, DecideError> {
                     .collect(),
                 limit,
                 hits_addend: d.hits_addend,
+                is_negative_hits: d.is_negative_hits,
             })
         })
         .collect::<Result<_, _>>()?;

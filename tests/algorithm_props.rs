@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use proptest::sample::subsequence;
 
 use sluice::limiter::{
-    Algorithm, Identity, IdentityBuilder, LimitSpec, ManualClock, Role, State, Window,
+    Algorithm, Counting, Identity, IdentityBuilder, LimitSpec, ManualClock, Role, State, Window,
 };
 use sluice::store::{Batch, BatchItem, BatchOutcome, LimitOutcome, MemoryStore, MemoryStoreConfig};
 
@@ -456,6 +456,8 @@ fn item(identity: &Identity, limits: Vec<LimitSpec>, hits: u64) -> BatchItem {
         limits,
         hits,
         role: Role::Enforce,
+        counting: Counting::Admitted,
+        refund: false,
     }
 }
 

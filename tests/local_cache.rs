@@ -150,6 +150,7 @@ fn request(domain: &str, descriptors: &[(&str, &str, Option<u64>)], hits_addend:
                 entries: vec![Entry::new(*k, *v)],
                 limit: None,
                 hits_addend: *hits,
+                is_negative_hits: false,
             })
             .collect(),
         hits_addend,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::limiter::{
-    Algorithm, Clock, IdentityBuilder, LimitSpec, MAX_HITS, ManualClock, Role, Window,
+    Algorithm, Clock, Counting, IdentityBuilder, LimitSpec, MAX_HITS, ManualClock, Role, Window,
 };
 use sluice::store::{
     Batch, BatchItem, BatchOutcome, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore,
@@ -75,6 +75,8 @@ pub fn item(name: &str, limits: &[LimitSpec], hits: u64, role: Role) -> BatchIte
         limits: limits.to_vec(),
         hits,
         role,
+        counting: Counting::Admitted,
+        refund: false,
     }
 }
 

@@ -12,7 +12,7 @@ use super::wildcard::Pattern;
 use super::yaml::{self, Kind, Node as Yaml};
 use super::{Annotations, ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
 use crate::limiter::algorithm::{MAX_BUCKET_TICKS, MAX_LOG_ENTRIES};
-use crate::limiter::{Algorithm, LimitSpec, Role, Window};
+use crate::limiter::{Algorithm, Counting, LimitSpec, Role, Window};
 
 /// Buckets per window when `precision` is not given: the largest divisor of the
 /// window up to 10. Ten buckets keep the interpolated bucket (the only source of
@@ -38,6 +38,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "descriptors",
     "shadow_mode",
     "quota_mode",
+    "counting",
     "detailed_metric",
     "value_to_metric",
     "share_threshold",
@@ -271,6 +272,8 @@ struct Compiler<'f> {
 struct Flags {
     shadow_mode: bool,
     quota_mode: bool,
+    /// `counting`, when the descriptor sets it.
+    counting: Option<Counting>,
     detailed_metric: bool,
     share_threshold: bool,
     /// Per depth, whether the runtime value may label metrics.
@@ -373,6 +376,22 @@ impl Compiler<'_> {
         }
         self.error(node.line, path, format!("'{what}' must be true or false"));
         false
+    }
+
+    /// `counting: admitted | always`; absent or null leaves the global default.
+    fn counting(&mut self, node: Option<&&Yaml>, path: &str) -> Option<Counting> {
+        let node = node.filter(|node| !node.is_null())?;
+        if let Kind::Scalar { text, .. } = &node.kind {
+            match text.parse() {
+                Ok(counting) => return Some(counting),
+                Err(message) => {
+                    self.error(node.line, path, format!("'counting': {message}"));
+                    return None;
+                }
+            }
+        }
+        self.error(node.line, path, "'counting' must be admitted or always");
+        None
     }
 
     fn integer(&mut self, node: &Yaml, path: &str, what: &str, max: u64) -> Option<u64> {
@@ -479,6 +498,7 @@ impl Compiler<'_> {
         let flags = Flags {
             shadow_mode: self.boolean(map.get("shadow_mode"), &path, "shadow_mode"),
             quota_mode: self.boolean(map.get("quota_mode"), &path, "quota_mode"),
+            counting: self.counting(map.get("counting"), &path),
             detailed_metric,
             share_threshold: self.boolean(map.get("share_threshold"), &path, "share_threshold"),
             value_levels,
@@ -590,6 +610,7 @@ impl Compiler<'_> {
             limits,
             unlimited,
             role,
+            counting: flags.counting,
             detailed_metric: flags.detailed_metric,
             metric_values: flags.value_levels.clone(),
             annotations: Arc::new(Annotations {

@@ -21,7 +21,7 @@ pub use compile::{DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, load_paths, pars
 pub use duration::{Unit, parse_duration, parse_unit};
 pub use wildcard::Pattern;
 
-use crate::limiter::{Identity, IdentityBuilder, LimitSpec, Role};
+use crate::limiter::{Counting, Identity, IdentityBuilder, LimitSpec, Role};
 use crate::request::Entry;
 
 /// Every loaded domain.
@@ -98,6 +98,9 @@ pub struct Rule {
     pub unlimited: bool,
     /// How this descriptor's verdict takes part in the request's.
     pub role: Role,
+    /// `counting` as the rule sets it; `None` takes the limiter's default
+    /// (`LimiterOptions::counting`).
+    pub counting: Option<Counting>,
     /// Metrics may carry the runtime values of this descriptor.
     pub detailed_metric: bool,
     /// Per entry depth, whether its runtime value labels metrics

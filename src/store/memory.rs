@@ -212,8 +212,13 @@ impl MemoryStore {
                 let (key, shard) = &counters[index];
                 let shard = &mut guards[guard(*shard)];
                 let pending: u64 = batch_hits_before(batch, &counters, index, key);
-                // Saturated, a sum past u64 fits no limit: never wrapped.
-                let wanted = pending.saturating_add(item.hits);
+                // Saturated, a sum past u64 fits no limit: never wrapped. A
+                // refund always fits (it only gives back).
+                let wanted = if item.refund {
+                    0
+                } else {
+                    pending.saturating_add(item.hits)
+                };
                 let (used, fits) = match shard.counters.get_mut(key) {
                     Some(counter) => {
                         let used = counter.state.used(limit, now);
@@ -226,7 +231,9 @@ impl MemoryStore {
                 checked.push((used, pending, over));
                 index += 1;
             }
-            verdicts.push((item.role, item_over));
+            if !item.refund {
+                verdicts.push((item.role, item_over));
+            }
         }
         let admitted = admits(verdicts);
 
@@ -238,8 +245,14 @@ impl MemoryStore {
                 let (key, shard) = &counters[index];
                 let shard = &mut *guards[guard(*shard)];
                 let (before, pending, over) = checked[index];
-                let (reset_ms, full_for_ms) = if admitted && item.hits > 0 {
+                let counted = item.counted(admitted);
+                let mut refunded = None;
+                let (reset_ms, full_for_ms) = if counted {
                     shard.count(key, limit, item.hits, &counters, now, self)
+                } else if item.refund {
+                    let (used, reset, full) = shard.refund(key, limit, item.hits, now);
+                    refunded = Some(used);
+                    (reset, full)
                 } else {
                     let fresh;
                     let state = match shard.counters.get(key) {
@@ -251,7 +264,8 @@ impl MemoryStore {
                     };
                     (state.reset_ms(limit, now), state.full_for(limit, now))
                 };
-                let used = counted_used(admitted, before, pending, item.hits);
+                let used =
+                    refunded.unwrap_or_else(|| counted_used(counted, before, pending, item.hits));
                 limits.push(LimitOutcome {
                     used,
                     over,
@@ -263,7 +277,7 @@ impl MemoryStore {
         }
         // Counting may have grown a sliding window or log past the shard's
         // share of the bytes: make room, keeping this request's counters.
-        if admitted {
+        if batch.items.iter().any(|item| item.counted(admitted)) {
             for shard in &mut guards {
                 while shard.bytes > self.per_shard_bytes && shard.evict_one(&counters, now, self) {}
             }
@@ -286,7 +300,7 @@ fn batch_hits_before(
             if i >= index {
                 return sum;
             }
-            if counters[i].0 == *key {
+            if counters[i].0 == *key && !item.refund {
                 sum = sum.saturating_add(item.hits);
             }
             i += 1;
@@ -337,6 +351,32 @@ impl Shard {
         );
         self.bytes = self.bytes - before + bytes;
         answer
+    }
+
+    /// Gives `hits` back to `key` (never below empty; a missing counter has
+    /// nothing to give back) and returns its `used`, `reset_ms` and
+    /// `full_for` after.
+    fn refund(
+        &mut self,
+        key: &CounterKey,
+        limit: &LimitSpec,
+        hits: u64,
+        now: Millis,
+    ) -> (u64, u64, u64) {
+        let Some(counter) = self.counters.get_mut(key) else {
+            let fresh = State::new(limit);
+            return (0, fresh.reset_ms(limit, now), fresh.full_for(limit, now));
+        };
+        counter.state.refund(limit, now, hits);
+        let used = counter.state.used(limit, now);
+        let bytes = counter_bytes(key, &counter.state);
+        let before = std::mem::replace(&mut counter.bytes, bytes);
+        self.bytes = self.bytes - before + bytes;
+        (
+            used,
+            counter.state.reset_ms(limit, now),
+            counter.state.full_for(limit, now),
+        )
     }
 
     /// Removes the least valuable of a few sampled counters, never one of
@@ -422,7 +462,9 @@ impl MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{Algorithm, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
+    use crate::limiter::{
+        Algorithm, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, Window,
+    };
     use crate::store::BatchItem;
 
     const MINUTE: Window = Window {
@@ -453,6 +495,8 @@ mod tests {
             limits: vec![limit],
             hits,
             role: Role::Enforce,
+            counting: Counting::Admitted,
+            refund: false,
         };
         store.apply_at(&Batch { items: vec![item] }, now)
     }
@@ -632,6 +676,8 @@ mod tests {
             }],
             hits: 1,
             role: Role::Enforce,
+            counting: Counting::Admitted,
+            refund: false,
         };
         assert!(!store.apply_at(&Batch { items: vec![item] }, 0).admitted);
         assert!(store.is_empty());

@@ -16,7 +16,7 @@ pub use redis::{
 use std::future::Future;
 use std::time::Duration;
 
-use crate::limiter::{Identity, LimitSpec, MAX_HITS, Role, Window};
+use crate::limiter::{Counting, Identity, LimitSpec, MAX_HITS, Role, Window};
 
 /// Everything one request asks of the store.
 #[derive(Clone, Debug, Default)]
@@ -36,6 +36,23 @@ pub struct BatchItem {
     pub hits: u64,
     /// How this descriptor's verdict takes part in the request's.
     pub role: Role,
+    /// Whether the weight is counted only when the request is admitted, or
+    /// always (even when it does not fit).
+    pub counting: Counting,
+    /// A refund (Envoy's `is_negative_hits`): `hits` are given back to every
+    /// limit, never below empty, whatever the rest of the request decides.
+    /// A refund is never over limit and takes no part in admission.
+    pub refund: bool,
+}
+
+impl BatchItem {
+    /// Whether this item's weight is counted, given whether the request was
+    /// admitted: an admitted-counting debit only with its request, an
+    /// always-counting one whatever the request decides. Refunds are not
+    /// counted (they are given back).
+    pub fn counted(&self, admitted: bool) -> bool {
+        !self.refund && self.hits > 0 && (admitted || self.counting == Counting::Always)
+    }
 }
 
 /// What the store decided for one limit.

@@ -51,7 +51,7 @@ pub use self::url::RedisUrl;
 use self::url::parse_url;
 use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
 use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
-use crate::limiter::{Clock, Identity, LimitSpec, Role, Window, admits};
+use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
 
 const DECIDE: &str = include_str!("redis/decide.lua");
 const REFUND: &str = include_str!("redis/refund.lua");
@@ -270,9 +270,14 @@ impl RedisStore {
         for &i in items {
             let item = &batch.items[i];
             let role = match item.role {
+                _ if item.refund => 3,
                 Role::Enforce => 0,
                 Role::Shadow => 1,
                 Role::Quota => 2,
+            } + if item.counting == Counting::Always && !item.refund {
+                4
+            } else {
+                0
             };
             args.extend([
                 Value::from(role),
@@ -651,9 +656,9 @@ impl CounterStore for RedisStore {
             let limits = batch
                 .items
                 .iter()
-                .flat_map(|item| item.limits.iter().map(move |_| item.hits))
+                .flat_map(|item| item.limits.iter().map(move |_| item))
                 .zip(answers.by_ref())
-                .map(|(hits, answer)| answer.outcome(admitted, hits))
+                .map(|(item, answer)| answer.outcome(item, admitted))
                 .collect();
             return Ok(BatchOutcome { admitted, limits });
         }
@@ -682,17 +687,29 @@ impl CounterStore for RedisStore {
             }
         }
         let admitted = error.is_none()
-            && admits(batch.items.iter().zip(&per_item).map(|(item, outcome)| {
-                let over = outcome
-                    .as_ref()
-                    .is_some_and(|(limits, _)| limits.iter().any(|a| a.over));
-                (item.role, over)
-            }));
+            && admits(
+                batch
+                    .items
+                    .iter()
+                    .zip(&per_item)
+                    .filter(|(item, _)| !item.refund)
+                    .map(|(item, outcome)| {
+                        let over = outcome
+                            .as_ref()
+                            .is_some_and(|(limits, _)| limits.iter().any(|a| a.over));
+                        (item.role, over)
+                    }),
+            );
         if !admitted {
             let parts = per_item
                 .iter()
                 .enumerate()
                 .filter_map(|(i, outcome)| match outcome {
+                    // Refunds and always-counted debits stand whatever the
+                    // request decides.
+                    _ if batch.items[i].refund || batch.items[i].counting == Counting::Always => {
+                        None
+                    }
                     Some((answers, true)) => Some((
                         Owed {
                             key: keys[i].clone(),
@@ -719,9 +736,7 @@ impl CounterStore for RedisStore {
             .flat_map(|(item, outcome)| {
                 let (limits, _) = outcome.expect("every group answered");
                 // A refunded part reports the counter as it stands again.
-                limits
-                    .into_iter()
-                    .map(move |a| a.outcome(admitted, item.hits))
+                limits.into_iter().map(move |a| a.outcome(item, admitted))
             })
             .collect();
         Ok(BatchOutcome { admitted, limits })

@@ -119,6 +119,18 @@ impl State {
         }
     }
 
+    /// Gives back up to `hits` at `now`, never below empty (a refund: an
+    /// Envoy `is_negative_hits` descriptor). Windows and logs take back
+    /// their newest hits first; a token bucket gets the tokens back.
+    pub fn refund(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
+        match self {
+            State::Sliding(s) => s.refund(spec, now, hits),
+            State::Fixed(s) => s.refund(spec, now, hits),
+            State::Bucket(s) => s.refund(spec, now, hits),
+            State::Log(s) => s.refund(spec, now, hits),
+        }
+    }
+
     /// Milliseconds from `now` until headroom next grows.
     pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
         match self {
