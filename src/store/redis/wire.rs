@@ -61,7 +61,12 @@ impl Answer {
     pub(super) fn outcome(self, item: &BatchItem, admitted: bool) -> LimitOutcome {
         let after = admitted || item.refund || item.counting == Counting::Always;
         LimitOutcome {
-            used: counted_used(item.counted(admitted), self.before, self.pending, item.hits),
+            used: counted_used(
+                item.reports_counted(admitted),
+                self.before,
+                self.pending,
+                item.hits,
+            ),
             over: self.over,
             reset_ms: if after {
                 self.reset_after
