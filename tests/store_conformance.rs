@@ -67,6 +67,17 @@ pub fn log(requests: u64, duration_ms: u64) -> LimitSpec {
     }
 }
 
+/// At most `slots` in flight, each slot leased for `lease_ms`.
+pub fn concurrency(slots: u64, lease_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests: slots,
+        window: Window {
+            duration_ms: lease_ms,
+            algorithm: Algorithm::Concurrency,
+        },
+    }
+}
+
 pub fn item(name: &str, limits: &[LimitSpec], hits: u64, role: Role) -> BatchItem {
     let mut identity = IdentityBuilder::new("conformance");
     identity.value("id", name);
@@ -264,6 +275,39 @@ mod cases {
         // A refund to a counter never used creates nothing and reports empty.
         let o = apply(s, vec![refund("rf-none", &[fixed(3, 1_000)], 2)]).await;
         assert_eq!(o.limits[0].used, 0);
+    }
+
+    /// Concurrency: each request takes a slot, the N+1-th is refused, a
+    /// release frees one, and a slot whose release was lost frees itself
+    /// when its lease ends.
+    pub async fn concurrency_slots_are_taken_released_and_leased<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = concurrency(3, 30_000);
+        for n in 1..=3 {
+            let o = apply(s, vec![item("cc", &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (true, n));
+            c.advance(1_000);
+        }
+        let o = apply(s, vec![item("cc", &[l], 1, Enforce)]).await;
+        assert!(!o.admitted && o.limits[0].over, "the 4th is refused");
+        // A release frees a slot at once.
+        let o = apply(s, vec![refund("cc", &[l], 1)]).await;
+        assert_eq!(o.limits[0].used, 2);
+        assert!(apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        assert!(!apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        // Nobody releases: the first slot's lease (taken at 0) ends at 30 s.
+        c.set(T0 + 29_999);
+        assert!(!apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        c.set(T0 + 30_000);
+        assert!(apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        // Releases never go below empty, and a sliding log of the same
+        // length and identity is a different counter.
+        apply(s, vec![refund("cc", &[l], 100)]).await;
+        assert_eq!(used(s, "cc", l).await, 0);
+        apply(s, vec![item("cc", &[log(3, 30_000)], 3, Enforce)]).await;
+        assert_eq!(used(s, "cc", l).await, 0);
     }
 
     /// A refund and a debit in one request: the refund never decides it, and
@@ -838,6 +882,7 @@ suite!(
     always_items_count_in_a_rejected_request_admitted_ones_do_not,
     refunds_give_back_and_never_go_below_empty,
     a_refund_stands_when_its_request_is_refused,
+    concurrency_slots_are_taken_released_and_leased,
     exactly_the_limit_then_rejection,
     the_straddling_bucket_is_interpolated_and_rounded_up,
     reset_is_the_expiry_of_the_oldest_counted_bucket,
@@ -885,6 +930,7 @@ mod equivalence {
             bucket(3, 700, 1),
             log(4, 700),
             log(2, 300),
+            concurrency(2, 400),
         ]
     }
 
@@ -893,7 +939,7 @@ mod equivalence {
             prop_oneof![6 => Just(Role::Enforce), 1 => Just(Role::Shadow), 1 => Just(Role::Quota)];
         let one = (
             0..4usize,
-            prop::collection::vec(0..8usize, 1..=3),
+            prop::collection::vec(0..9usize, 1..=3),
             0..=4u64,
             role,
             prop_oneof![5 => Just(0u8), 2 => Just(1u8), 2 => Just(2u8)],

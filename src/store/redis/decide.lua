@@ -19,7 +19,8 @@ when the item counts always, even when the request or the item is refused;
   0 sliding_window  param = precision_ms
   1 fixed_window    param = 0
   2 token_bucket    param = burst
-  3 sliding_log     param = 0
+  3 sliding_log     param = 0; 1 for concurrency (a log of leased slots,
+                    window = lease, fields "D:c:…")
 
 Reply: { applied (1|0), now, then per limit:
                   used, pending, over, reset_before, reset_after, full_before, full_after, slot }
@@ -430,7 +431,7 @@ for i = 1, #KEYS do
     elseif l.alg == 2 then
       f = l.d .. ':b' .. l.param .. ':'
     else
-      f = l.d .. ':l:'
+      f = l.d .. (l.param == 1 and ':c:' or ':l:')
     end
     local id = KEYS[i] .. '\n' .. f
     local st = states[id]

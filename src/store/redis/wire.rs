@@ -19,6 +19,8 @@ pub(super) fn limit_args(limit: &LimitSpec) -> [Value; 4] {
         Algorithm::FixedWindow => (1, 0),
         Algorithm::TokenBucket { burst } => (2, burst),
         Algorithm::SlidingLog => (3, 0),
+        // A log of leased slots, kept apart from a sliding log of the same length.
+        Algorithm::Concurrency => (3, 1),
     };
     [
         int(limit.requests),
