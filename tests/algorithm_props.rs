@@ -82,7 +82,9 @@ fn granularity(window: &Window) -> u64 {
     match window.algorithm {
         Algorithm::SlidingWindow { precision_ms } => precision_ms,
         Algorithm::FixedWindow => window.duration_ms,
-        Algorithm::TokenBucket { .. } | Algorithm::SlidingLog => (window.duration_ms / 10).max(1),
+        Algorithm::TokenBucket { .. } | Algorithm::SlidingLog | Algorithm::Concurrency => {
+            (window.duration_ms / 10).max(1)
+        }
     }
 }
 

@@ -27,8 +27,10 @@ use foldhash::fast::RandomState;
 use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
-use crate::limiter::{Clock, CounterKey, Identity, LimitSpec, Millis, State, Window, admits};
+use super::{Batch, BatchItem, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
+use crate::limiter::{
+    Clock, CounterKey, Counting, Identity, LimitSpec, Millis, State, Window, admits,
+};
 
 /// Counters sampled when a full shard must make room.
 const EVICTION_SAMPLES: usize = 8;
@@ -226,7 +228,8 @@ impl MemoryStore {
                     }
                     None => (0, State::new(limit).fits(limit, now, 0, wanted)),
                 };
-                let over = !fits;
+                // A refund only gives back: never over.
+                let over = !fits && !item.refund;
                 item_over |= over;
                 checked.push((used, pending, over));
                 index += 1;
@@ -237,42 +240,61 @@ impl MemoryStore {
         }
         let admitted = admits(verdicts);
 
-        // Pass 2: count everything, or nothing.
-        let mut limits = Vec::with_capacity(counters.len());
-        let mut index = 0;
-        for item in &batch.items {
-            for limit in &item.limits {
-                let (key, shard) = &counters[index];
-                let shard = &mut *guards[guard(*shard)];
-                let (before, pending, over) = checked[index];
-                let counted = item.counted(admitted);
-                let mut refunded = None;
-                let (reset_ms, full_for_ms) = if counted {
-                    shard.count(key, limit, item.hits, &counters, now, self)
-                } else if item.refund {
-                    let (used, reset, full) = shard.refund(key, limit, item.hits, now);
-                    refunded = Some(used);
-                    (reset, full)
-                } else {
-                    let fresh;
-                    let state = match shard.counters.get(key) {
-                        Some(counter) => &counter.state,
-                        None => {
-                            fresh = State::new(limit);
-                            &fresh
-                        }
+        // Pass 2, in two phases (request order within each, as decide.lua
+        // counts): the debits that stand whatever the request decides
+        // (always-counted ones) and the refunds, then the debits counted
+        // only with an admitted request, everything or nothing.
+        let mut limits = vec![
+            LimitOutcome {
+                used: 0,
+                over: false,
+                reset_ms: 0,
+                full_for_ms: 0,
+            };
+            counters.len()
+        ];
+        let standing = |item: &BatchItem| item.refund || item.counting == Counting::Always;
+        for phase in [true, false] {
+            let mut index = 0;
+            for item in &batch.items {
+                if standing(item) != phase {
+                    index += item.limits.len();
+                    continue;
+                }
+                for limit in &item.limits {
+                    let (key, shard) = &counters[index];
+                    let shard = &mut *guards[guard(*shard)];
+                    let (before, pending, over) = checked[index];
+                    let counted = item.counted(admitted);
+                    let mut refunded = None;
+                    let (reset_ms, full_for_ms) = if counted {
+                        shard.count(key, limit, item.hits, &counters, now, self)
+                    } else if item.refund {
+                        let (used, reset, full) = shard.refund(key, limit, item.hits, now);
+                        refunded = Some(used);
+                        (reset, full)
+                    } else {
+                        let fresh;
+                        let state = match shard.counters.get(key) {
+                            Some(counter) => &counter.state,
+                            None => {
+                                fresh = State::new(limit);
+                                &fresh
+                            }
+                        };
+                        (state.reset_ms(limit, now), state.full_for(limit, now))
                     };
-                    (state.reset_ms(limit, now), state.full_for(limit, now))
-                };
-                let used =
-                    refunded.unwrap_or_else(|| counted_used(counted, before, pending, item.hits));
-                limits.push(LimitOutcome {
-                    used,
-                    over,
-                    reset_ms,
-                    full_for_ms,
-                });
-                index += 1;
+                    let used = refunded.unwrap_or_else(|| {
+                        counted_used(item.reports_counted(admitted), before, pending, item.hits)
+                    });
+                    limits[index] = LimitOutcome {
+                        used,
+                        over,
+                        reset_ms,
+                        full_for_ms,
+                    };
+                    index += 1;
+                }
             }
         }
         // Counting may have grown a sliding window or log past the shard's

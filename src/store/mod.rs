@@ -51,7 +51,14 @@ impl BatchItem {
     /// always-counting one whatever the request decides. Refunds are not
     /// counted (they are given back).
     pub fn counted(&self, admitted: bool) -> bool {
-        !self.refund && self.hits > 0 && (admitted || self.counting == Counting::Always)
+        self.hits > 0 && self.reports_counted(admitted)
+    }
+
+    /// Whether the `used` reported for this item includes its weight (and
+    /// the earlier weights of the request on the same counter): when its
+    /// weight was (or, being 0, would have been) counted.
+    pub(crate) fn reports_counted(&self, admitted: bool) -> bool {
+        !self.refund && (admitted || self.counting == Counting::Always)
     }
 }
 

@@ -39,6 +39,11 @@ pub enum Algorithm {
     },
     /// Exact: one entry per admitted hit within the window.
     SlidingLog,
+    /// At most `requests` in flight: each hit takes a slot held for the
+    /// window's length (the lease) unless a refund (`is_negative_hits`)
+    /// releases it first. Counted as a sliding log whose window is the lease,
+    /// so a lost release frees its slot when the lease ends.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -49,6 +54,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::TokenBucket { .. } => "token_bucket",
             Algorithm::SlidingLog => "sliding_log",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }
@@ -84,7 +90,7 @@ impl State {
             Algorithm::SlidingWindow { .. } => State::Sliding(SlidingWindow::default()),
             Algorithm::FixedWindow => State::Fixed(FixedWindow::default()),
             Algorithm::TokenBucket { .. } => State::Bucket(TokenBucket::default()),
-            Algorithm::SlidingLog => State::Log(SlidingLog::default()),
+            Algorithm::SlidingLog | Algorithm::Concurrency => State::Log(SlidingLog::default()),
         }
     }
 

@@ -19,7 +19,8 @@ when the item counts always, even when the request or the item is refused;
   0 sliding_window  param = precision_ms
   1 fixed_window    param = 0
   2 token_bucket    param = burst
-  3 sliding_log     param = 0
+  3 sliding_log     param = 0; 1 for concurrency (a log of leased slots,
+                    window = lease, fields "D:c:…")
 
 Reply: { applied (1|0), now, then per limit:
                   used, pending, over, reset_before, reset_after, full_before, full_after, slot }
@@ -430,7 +431,7 @@ for i = 1, #KEYS do
     elseif l.alg == 2 then
       f = l.d .. ':b' .. l.param .. ':'
     else
-      f = l.d .. ':l:'
+      f = l.d .. (l.param == 1 and ':c:' or ':l:')
     end
     local id = KEYS[i] .. '\n' .. f
     local st = states[id]
@@ -499,6 +500,22 @@ end
 -- Entries still in the window, without the oldest hits beyond the limit
 -- (only shadow or quota mode log beyond it). Trimmed here, not when adding,
 -- so that refund.lua can take back exactly what an add put in.
+-- Forgets the oldest hits beyond the limit.
+local function log_trim(st)
+  while st.total > st.requests and #st.times > 0 do
+    local excess = st.total - st.requests
+    st.dirty = true
+    if st.hits[1] <= excess then
+      st.total = st.total - st.hits[1]
+      table.remove(st.times, 1)
+      table.remove(st.hits, 1)
+    else
+      st.hits[1] = st.hits[1] - excess
+      st.total = st.total - excess
+    end
+  end
+end
+
 local function log_parse(st)
   st.times, st.hits, st.total = {}, {}, 0
   if st.raw then
@@ -514,18 +531,7 @@ local function log_parse(st)
       end
     end
   end
-  while st.total > st.requests and #st.times > 0 do
-    local excess = st.total - st.requests
-    st.dirty = true
-    if st.hits[1] <= excess then
-      st.total = st.total - st.hits[1]
-      table.remove(st.times, 1)
-      table.remove(st.hits, 1)
-    else
-      st.hits[1] = st.hits[1] - excess
-      st.total = st.total - excess
-    end
-  end
+  log_trim(st)
   return st.total
 end
 
@@ -740,6 +746,7 @@ local function give(l, hits)
     write(k, st.f .. 'r', st.ticks)
     return bucket_used(l)
   else
+    log_trim(st) -- as Rust's refund reads the log first
     while hits > 0 and #st.times > 0 do
       local last = #st.times
       local take = min(st.hits[last], hits)
@@ -798,18 +805,16 @@ local function full_for(l)
   return 0
 end
 
--- "Before" values matter only for a Cluster part that may be refunded: a
--- whole request reports "after" when counted, and then before == after.
-local reset_before, full_before = {}, {}
-if not whole then
-  for j, l in ipairs(limits) do
-    reset_before[j] = reset(l)
-    full_before[j] = full_for(l)
-  end
+-- Two phases, in request order within each: first the debits that stand
+-- whatever the request decides (always-counted ones) and the refunds, then
+-- the debits counted only with an admitted request. Every store counts in
+-- this order, so a counter shared by both kinds reports the same anywhere.
+local function standing(l)
+  return l.item.refund or l.item.always
 end
 
-local reply = { applied and 1 or 0, now }
-for j, l in ipairs(limits) do
+local slots, reset_after, full_after = {}, {}, {}
+local function settle(j, l)
   local slot, hits = -1, l.item.hits
   if l.item.refund then
     l.used, l.pending = give(l, hits), 0
@@ -821,15 +826,42 @@ for j, l in ipairs(limits) do
       k.expiry = until_ms
     end
   end
+  slots[j], reset_after[j], full_after[j] = slot, reset(l), full_for(l)
+end
+
+for j, l in ipairs(limits) do
+  if standing(l) then
+    settle(j, l)
+  end
+end
+-- "Before" values matter only for a Cluster part that may be refunded (it
+-- then stands as after the first phase): a whole request reports "after".
+local reset_before, full_before = {}, {}
+if not whole then
+  for j, l in ipairs(limits) do
+    if standing(l) then
+      reset_before[j], full_before[j] = reset_after[j], full_after[j]
+    else
+      reset_before[j], full_before[j] = reset(l), full_for(l)
+    end
+  end
+end
+for j, l in ipairs(limits) do
+  if not standing(l) then
+    settle(j, l)
+  end
+end
+
+local reply = { applied and 1 or 0, now }
+for j, l in ipairs(limits) do
   reply[#reply + 1] = l.used
   reply[#reply + 1] = l.pending
   reply[#reply + 1] = l.over and 1 or 0
-      local reset_after, full_after = reset(l), full_for(l)
-  reply[#reply + 1] = reset_before[j] or reset_after
-  reply[#reply + 1] = reset_after
-  reply[#reply + 1] = full_before[j] or full_after
-  reply[#reply + 1] = full_after
-  reply[#reply + 1] = slot
+  reply[#reply + 1] = reset_before[j] or reset_after[j]
+  reply[#reply + 1] = reset_after[j]
+  reply[#reply + 1] = full_before[j] or full_after[j]
+  reply[#reply + 1] = full_after[j]
+  reply[#reply + 1] = slots[j]
 end
 
 -- Sliding logs are written once, whatever changed them.

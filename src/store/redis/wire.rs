@@ -19,6 +19,8 @@ pub(super) fn limit_args(limit: &LimitSpec) -> [Value; 4] {
         Algorithm::FixedWindow => (1, 0),
         Algorithm::TokenBucket { burst } => (2, burst),
         Algorithm::SlidingLog => (3, 0),
+        // A log of leased slots, kept apart from a sliding log of the same length.
+        Algorithm::Concurrency => (3, 1),
     };
     [
         int(limit.requests),
@@ -61,7 +63,12 @@ impl Answer {
     pub(super) fn outcome(self, item: &BatchItem, admitted: bool) -> LimitOutcome {
         let after = admitted || item.refund || item.counting == Counting::Always;
         LimitOutcome {
-            used: counted_used(item.counted(admitted), self.before, self.pending, item.hits),
+            used: counted_used(
+                item.reports_counted(admitted),
+                self.before,
+                self.pending,
+                item.hits,
+            ),
             over: self.over,
             reset_ms: if after {
                 self.reset_after
