@@ -16,7 +16,7 @@ use sluice::decision::{Bounds, Limiter};
 use sluice::headers::HeaderMode;
 use sluice::limiter::algorithm::SlidingWindow;
 use sluice::limiter::{
-    Algorithm, IdentityBuilder, LimitSpec, ManualClock, Role, SystemClock, Window,
+    Algorithm, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, SystemClock, Window,
 };
 use sluice::proto as pb;
 use sluice::request::Entry;
@@ -80,6 +80,8 @@ fn item(i: u64, spec: LimitSpec) -> BatchItem {
         limits: vec![spec],
         hits: 1,
         role: Role::Enforce,
+        counting: Counting::Admitted,
+        refund: false,
     }
 }
 

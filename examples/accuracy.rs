@@ -610,7 +610,9 @@ fn definition(spec: &LimitSpec) -> (Box<dyn Definition>, &'static str) {
             }),
             "exact GCRA",
         ),
-        Algorithm::SlidingLog => (Box::new(ExactLog::new(limit)), "exact log"),
+        Algorithm::SlidingLog | Algorithm::Concurrency => {
+            (Box::new(ExactLog::new(limit)), "exact log")
+        }
     }
 }
 

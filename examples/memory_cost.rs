@@ -49,6 +49,8 @@ fn batch(n: usize, limit: LimitSpec, hits: u64) -> Batch {
             limits: vec![limit],
             hits,
             role: Role::Enforce,
+            counting: sluice::limiter::Counting::Admitted,
+            refund: false,
         }],
     }
 }

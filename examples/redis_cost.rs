@@ -120,6 +120,8 @@ async fn decide(store: &RedisStore, s: usize, scenario: &Scenario, n: usize) {
                     limits: limits.clone(),
                     hits: 1,
                     role: Role::Enforce,
+                    counting: sluice::limiter::Counting::Admitted,
+                    refund: false,
                 })
                 .collect();
             store.apply(&Batch { items }).await.expect("decision");

@@ -4,33 +4,53 @@
 //! `POST /json` takes a `RateLimitRequest` in protobuf's JSON mapping
 //! (lowerCamelCase, snake_case also accepted) and answers the response the
 //! same way: 200 when OK, 429 when over limit (as envoyproxy/ratelimit), 400
-//! for a bad request, 503 when the counter store is unavailable.
+//! for a bad request, 503 when the counter store is unavailable. With
+//! `?peek=true` every descriptor weighs 0: the counters are read, not
+//! charged.
+//!
+//! `GET /counters?domain=D&descriptor=k=v,k=v` shows one descriptor's
+//! counters (a weight-0 decision) and `DELETE` the same resets them. Off
+//! unless `admin_counters` is set: anyone who reaches the admin port could
+//! otherwise refill any client's budget.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use tokio_util::sync::CancellationToken;
 
 use crate::decision::{DecideError, Decision, Limiter, outcome_code};
 use crate::headers::{HeaderMode, headers};
 use crate::limiter::Algorithm;
+use crate::query::DescriptorArg;
 use crate::request::{Descriptor, Entry, Override, Request};
 use crate::rules::{RuleSet, Unit};
+use crate::service::ResponseOptions;
+use crate::service::explain;
 use crate::store::CounterStore;
 
 /// What the admin handlers share.
 struct Admin<S> {
     limiter: Arc<Limiter<S>>,
-    headers: HeaderMode,
+    options: AdminOptions,
     /// Cancelled at shutdown: readiness turns false first.
     shutdown: CancellationToken,
+}
+
+/// How the admin server behaves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AdminOptions {
+    /// What `/json` responses carry besides the decision (as gRPC's).
+    pub response: ResponseOptions,
+    /// Serve `GET`/`DELETE /counters` (setting `admin_counters`).
+    pub counters: bool,
 }
 
 /// The admin routes over `limiter`.
@@ -39,9 +59,25 @@ pub fn router<S: CounterStore>(
     headers: HeaderMode,
     shutdown: CancellationToken,
 ) -> Router {
+    let options = AdminOptions {
+        response: ResponseOptions {
+            headers,
+            ..ResponseOptions::default()
+        },
+        ..AdminOptions::default()
+    };
+    router_with(limiter, options, shutdown)
+}
+
+/// The admin routes over `limiter`, shaped by `options`.
+pub fn router_with<S: CounterStore>(
+    limiter: Arc<Limiter<S>>,
+    options: AdminOptions,
+    shutdown: CancellationToken,
+) -> Router {
     let state = Arc::new(Admin {
         limiter,
-        headers,
+        options,
         shutdown,
     });
     Router::new()
@@ -50,6 +86,10 @@ pub fn router<S: CounterStore>(
         .route("/metrics", get(metrics::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/json", post(json::<S>))
+        .route(
+            "/counters",
+            get(counters_get::<S>).delete(counters_delete::<S>),
+        )
         .with_state(state)
 }
 
@@ -127,15 +167,42 @@ pub fn describe_rules(rules: &RuleSet) -> String {
     out
 }
 
-async fn json<S: CounterStore>(State(admin): State<Arc<Admin<S>>>, body: String) -> Response {
+/// Whether a query asks for a peek: `peek`, `peek=true` or `peek=1`.
+fn peek_asked(query: &HashMap<String, String>) -> Result<bool, String> {
+    match query.get("peek").map(String::as_str) {
+        None | Some("false" | "0") => Ok(false),
+        Some("" | "true" | "1") => Ok(true),
+        Some(other) => Err(format!("peek must be true or false, not '{other}'")),
+    }
+}
+
+fn bad_request(e: impl std::fmt::Display) -> Response {
+    (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response()
+}
+
+async fn json<S: CounterStore>(
+    State(admin): State<Arc<Admin<S>>>,
+    Query(query): Query<HashMap<String, String>>,
+    body: String,
+) -> Response {
+    let peek = match peek_asked(&query) {
+        Ok(peek) => peek,
+        Err(e) => return bad_request(e),
+    };
     let request: JsonRequest = match serde_json::from_str(&body) {
         Ok(request) => request,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response(),
+        Err(e) => return bad_request(e),
     };
-    let request = match request.into_request() {
+    let mut request = match request.into_request() {
         Ok(request) => request,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response(),
+        Err(e) => return bad_request(e),
     };
+    if peek {
+        // Per descriptor: a request-level 0 would mean 1.
+        for descriptor in &mut request.descriptors {
+            descriptor.hits_addend = Some(0);
+        }
+    }
     let started = Instant::now();
     let result = admin.limiter.decide(&request).await;
     admin
@@ -149,11 +216,8 @@ async fn json<S: CounterStore>(State(admin): State<Arc<Admin<S>>>, body: String)
             } else {
                 StatusCode::TOO_MANY_REQUESTS
             };
-            (
-                status,
-                axum::Json(JsonResponse::from_decision(&decision, admin.headers)),
-            )
-                .into_response()
+            let response = JsonResponse::from_decision(&request, &decision, admin.options.response);
+            (status, axum::Json(response)).into_response()
         }
         Err(DecideError::InvalidArgument(e)) => {
             (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response()
@@ -243,6 +307,7 @@ impl JsonRequest {
                         })
                         .collect(),
                     limit,
+                    is_negative_hits: false,
                     hits_addend,
                 })
             })
@@ -263,6 +328,12 @@ struct JsonResponse {
     statuses: Vec<JsonStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<JsonHeader>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// protobuf's JSON writes bytes in base64; the problem document is
+    /// text, so it is given as it is, in a field of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -292,8 +363,14 @@ struct JsonHeader {
 }
 
 impl JsonResponse {
-    fn from_decision(decision: &Decision, mode: HeaderMode) -> Self {
+    fn from_decision(request: &Request, decision: &Decision, options: ResponseOptions) -> Self {
+        let mode = options.headers;
         let code = |over: bool| if over { "OVER_LIMIT" } else { "OK" };
+        let problem = options
+            .problem_body
+            .then(|| explain::problem_body(request, decision))
+            .flatten()
+            .and_then(|body| serde_json::from_str(&body).ok());
         Self {
             overall_code: code(!decision.admitted),
             statuses: decision
@@ -316,6 +393,119 @@ impl JsonResponse {
                 .into_iter()
                 .map(|(key, value)| JsonHeader { key, value })
                 .collect(),
+            dynamic_metadata: explain::dynamic_metadata(
+                request,
+                decision,
+                options.dynamic_metadata,
+            ),
+            problem,
         }
+    }
+}
+
+/// The query of `/counters`: one domain and one descriptor.
+fn counter_request(query: &HashMap<String, String>) -> Result<Request, String> {
+    let domain = query
+        .get("domain")
+        .filter(|d| !d.is_empty())
+        .ok_or("give domain=…")?;
+    let descriptor: DescriptorArg = query
+        .get("descriptor")
+        .ok_or("give descriptor=key=value[,key=value…]")?
+        .parse()?;
+    Ok(Request {
+        domain: domain.clone(),
+        descriptors: vec![Descriptor {
+            entries: descriptor
+                .0
+                .into_iter()
+                .map(|(key, value)| Entry { key, value })
+                .collect(),
+            // A peek: the counters are read, not charged.
+            hits_addend: Some(0),
+            ..Descriptor::default()
+        }],
+        hits_addend: 0,
+    })
+}
+
+const COUNTERS_OFF: &str = "the /counters endpoint is off; set admin_counters to serve it (and keep the admin port private)\n";
+
+/// `GET /counters`: the descriptor's rule and its status from a weight-0
+/// decision (nothing is counted).
+async fn counters_get<S: CounterStore>(
+    State(admin): State<Arc<Admin<S>>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if !admin.options.counters {
+        return (StatusCode::NOT_FOUND, COUNTERS_OFF).into_response();
+    }
+    let request = match counter_request(&query) {
+        Ok(request) => request,
+        Err(e) => return bad_request(e),
+    };
+    let decision = match admin.limiter.decide(&request).await {
+        Ok(decision) => decision,
+        Err(DecideError::InvalidArgument(e)) => return bad_request(e),
+        Err(e @ DecideError::Store(_)) => {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
+        }
+    };
+    let status = JsonResponse::from_decision(&request, &decision, ResponseOptions::default())
+        .statuses
+        .into_iter()
+        .next();
+    let rule = decision
+        .statuses
+        .first()
+        .and_then(|s| s.rule.as_ref())
+        .map(|r| r.path.clone());
+    axum::Json(serde_json::json!({
+        "domain": request.domain,
+        "descriptor": query.get("descriptor"),
+        "rule": rule,
+        "full": !decision.admitted,
+        "status": status,
+    }))
+    .into_response()
+}
+
+/// `DELETE /counters`: forgets every counter of the descriptor's rule, so
+/// its next request starts from an empty budget.
+async fn counters_delete<S: CounterStore>(
+    State(admin): State<Arc<Admin<S>>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if !admin.options.counters {
+        return (StatusCode::NOT_FOUND, COUNTERS_OFF).into_response();
+    }
+    let request = match counter_request(&query) {
+        Ok(request) => request,
+        Err(e) => return bad_request(e),
+    };
+    let rules = admin.limiter.rules();
+    let found = rules
+        .domain(&request.domain)
+        .and_then(|domain| domain.find(&request.descriptors[0].entries));
+    let Some(found) = found.filter(|f| !f.rule.limits.is_empty()) else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no rule limits this descriptor; it has no counters\n",
+        )
+            .into_response();
+    };
+    let windows: Vec<_> = found.rule.limits.iter().map(|l| l.spec.window).collect();
+    match admin.limiter.store().reset(&found.identity, &windows).await {
+        Ok(()) => {
+            tracing::info!(domain = %request.domain, rule = %found.rule.path, "counters reset by the admin endpoint");
+            axum::Json(serde_json::json!({
+                "domain": request.domain,
+                "descriptor": query.get("descriptor"),
+                "rule": found.rule.path,
+                "reset": true,
+            }))
+            .into_response()
+        }
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     }
 }

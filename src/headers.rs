@@ -139,9 +139,11 @@ mod tests {
                 unit: Unit::Unknown,
                 window_ms,
                 name: name.map(Arc::from),
+                algorithm: "sliding_window",
             }),
             remaining,
             reset_ms: Some(57_200),
+            rule: None,
         }
     }
 

@@ -47,8 +47,12 @@ pub struct QueryArgs {
     #[arg(long = "descriptor", value_name = "K=V[,K=V...]", required = true)]
     pub descriptors: Vec<DescriptorArg>,
     /// Request weight (hits_addend); 0 or absent means 1
-    #[arg(long)]
+    #[arg(long, conflicts_with = "peek")]
     pub hits: Option<u32>,
+    /// Read the counters without charging them: every descriptor's own
+    /// hits_addend is 0 (a request-level 0 would mean 1)
+    #[arg(long)]
+    pub peek: bool,
     /// Give up after this long (e.g. 500ms, 5s)
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub timeout: u64,
@@ -85,6 +89,7 @@ impl QueryArgs {
                             value: v.clone(),
                         })
                         .collect(),
+                    hits_addend: self.peek.then_some(0),
                     ..Default::default()
                 })
                 .collect(),
@@ -172,10 +177,52 @@ pub fn render(args: &QueryArgs, response: &pb::RateLimitResponse) -> String {
         }
         out.push('\n');
     }
+    if let Some(why) = refused(response) {
+        let _ = writeln!(out, "  {why}");
+    }
     for header in &response.response_headers_to_add {
         let _ = writeln!(out, "  header {}: {}", header.key, header.value);
     }
     out
+}
+
+/// Sluice's explanation of a refusal (`dynamic_metadata.refused`) as one
+/// line, when the server gave one.
+fn refused(response: &pb::RateLimitResponse) -> Option<String> {
+    use prost_types::value::Kind;
+    let Some(Kind::StructValue(refused)) = response
+        .dynamic_metadata
+        .as_ref()?
+        .fields
+        .get("refused")?
+        .kind
+        .as_ref()
+    else {
+        return None;
+    };
+    let field = |name: &str| match refused.fields.get(name).and_then(|v| v.kind.as_ref()) {
+        Some(Kind::StringValue(s)) => s.clone(),
+        Some(Kind::NumberValue(n)) => format!("{n}"),
+        _ => "?".to_owned(),
+    };
+    Some(if field("reason") == "store_error" {
+        format!(
+            "refused: the counter store failed and the server denies ([{}] {})",
+            field("index"),
+            field("descriptor")
+        )
+    } else {
+        format!(
+            "refused by {} ({} per {}, {}) on [{}] {}; retry in {} s",
+            field("limit"),
+            field("requests_per_unit"),
+            field("window"),
+            field("algorithm"),
+            field("index"),
+            field("descriptor"),
+            field("retry_after_seconds")
+        )
+    })
 }
 
 #[cfg(test)]
@@ -191,5 +238,44 @@ mod tests {
         );
         assert!("novalue".parse::<DescriptorArg>().is_err());
         assert!("=v".parse::<DescriptorArg>().is_err());
+    }
+
+    #[test]
+    fn peek_sets_every_descriptors_own_weight_to_zero() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            query: QueryArgs,
+        }
+        let cli = Cli::parse_from([
+            "q",
+            "--domain",
+            "d",
+            "--descriptor",
+            "a=1",
+            "--descriptor",
+            "b=2",
+            "--peek",
+        ]);
+        let request = cli.query.request();
+        assert_eq!(request.hits_addend, 0);
+        assert!(request.descriptors.iter().all(|d| d.hits_addend == Some(0)));
+        let plain = Cli::parse_from(["q", "--domain", "d", "--descriptor", "a=1"]);
+        assert_eq!(plain.query.request().descriptors[0].hits_addend, None);
+        assert!(
+            Cli::try_parse_from([
+                "q",
+                "--domain",
+                "d",
+                "--descriptor",
+                "a=1",
+                "--peek",
+                "--hits",
+                "3"
+            ])
+            .is_err(),
+            "--peek and --hits contradict each other"
+        );
     }
 }

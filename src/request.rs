@@ -24,6 +24,9 @@ pub struct Descriptor {
     /// Weight of this descriptor; when set (even to 0) it wins over the
     /// request's. 0 checks without counting.
     pub hits_addend: Option<u64>,
+    /// Envoy's `is_negative_hits`: the weight is given back to the limits
+    /// (a refund, never below empty) instead of counted.
+    pub is_negative_hits: bool,
 }
 
 /// One key/value pair of a descriptor.

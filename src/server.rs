@@ -115,6 +115,30 @@ impl Default for ServeOptions {
     }
 }
 
+/// What the listeners offer beyond [`ServeOptions`], all off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServeExtras {
+    /// Fill `dynamic_metadata` as envoyproxy/ratelimit's
+    /// `RESPONSE_DYNAMIC_METADATA` does (setting `response_dynamic_metadata`).
+    pub dynamic_metadata: bool,
+    /// A refusal carries an `application/problem+json` body (setting
+    /// `problem_json_body`).
+    pub problem_body: bool,
+    /// Serve the admin `/counters` endpoint (setting `admin_counters`).
+    pub admin_counters: bool,
+}
+
+impl ServeOptions {
+    /// What responses carry besides the decision, on both listeners.
+    fn response(&self, extras: ServeExtras) -> crate::service::ResponseOptions {
+        crate::service::ResponseOptions {
+            headers: self.headers,
+            dynamic_metadata: extras.dynamic_metadata,
+            problem_body: extras.problem_body,
+        }
+    }
+}
+
 /// Whether the service should take traffic; if not, why. The one answer
 /// behind both `/readyz` and gRPC health (`health.rs`).
 pub fn readiness<S: CounterStore>(
@@ -139,10 +163,28 @@ pub async fn run<S: CounterStore>(
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    run_with(
+        limiter,
+        options,
+        ServeExtras::default(),
+        listeners,
+        shutdown,
+    )
+    .await
+}
+
+/// [`run`], with the `extras` turned on.
+pub async fn run_with<S: CounterStore>(
+    limiter: Arc<Limiter<S>>,
+    options: ServeOptions,
+    extras: ServeExtras,
+    listeners: Listeners,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
     let health = health::service(limiter.clone(), shutdown.clone());
     let routes = grpc::routes(
         limiter.clone(),
-        options.headers,
+        options.response(extras),
         health,
         options.grpc.max_request_bytes,
     )?;
@@ -201,8 +243,12 @@ pub async fn run<S: CounterStore>(
             grpc::AnyGrpcConnection::new(acceptor, &http2, io, requests)
         },
     );
-    let router =
-        crate::admin::router(limiter.clone(), options.headers, shutdown.clone()).merge(rlqs_admin);
+    let admin_options = crate::admin::AdminOptions {
+        response: options.response(extras),
+        counters: extras.admin_counters,
+    };
+    let router = crate::admin::router_with(limiter.clone(), admin_options, shutdown.clone())
+        .merge(rlqs_admin);
     let http1 = http::http1_builder(options.http_connections.handshake_timeout);
     let admin = conn::accept(
         listeners.http,

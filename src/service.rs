@@ -19,16 +19,46 @@ use crate::rules::Unit;
 use crate::store::CounterStore;
 use crate::telemetry::traces;
 
+pub mod explain;
+
 /// `envoy.service.ratelimit.v3.RateLimitService` over a [`Limiter`].
 pub struct RateLimitService<S> {
     limiter: Arc<Limiter<S>>,
-    headers: HeaderMode,
+    options: ResponseOptions,
+}
+
+/// What a response carries besides the decision itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResponseOptions {
+    /// Rate-limit headers added to responses.
+    pub headers: HeaderMode,
+    /// `dynamic_metadata` as envoyproxy/ratelimit's
+    /// `RESPONSE_DYNAMIC_METADATA` fills it: the domain, the descriptors,
+    /// the request's `hitsAddend`, and the merged `metadata` of the rules of
+    /// the descriptors that were not over limit. (Why a request was refused
+    /// is always there, under `refused`.)
+    pub dynamic_metadata: bool,
+    /// On a refusal, a `raw_body` in `application/problem+json` (RFC 9457)
+    /// saying which limit refused and when to retry; Envoy sends it as the
+    /// 429's body.
+    pub problem_body: bool,
 }
 
 impl<S> RateLimitService<S> {
     /// A service answering from `limiter`, adding `headers` to responses.
     pub fn new(limiter: Arc<Limiter<S>>, headers: HeaderMode) -> Self {
-        Self { limiter, headers }
+        Self::with_options(
+            limiter,
+            ResponseOptions {
+                headers,
+                ..ResponseOptions::default()
+            },
+        )
+    }
+
+    /// A service answering from `limiter`, its responses shaped by `options`.
+    pub fn with_options(limiter: Arc<Limiter<S>>, options: ResponseOptions) -> Self {
+        Self { limiter, options }
     }
 }
 
@@ -44,9 +74,12 @@ impl<S: CounterStore> pb::RateLimitService for RateLimitService<S> {
             request.get_ref().descriptors.len(),
             request.metadata(),
         );
-        let result = match from_pb(request.into_inner()) {
-            Ok(request) => self.limiter.decide(&request).instrument(span.clone()).await,
-            Err(e) => Err(e),
+        let (request, result) = match from_pb(request.into_inner()) {
+            Ok(request) => {
+                let result = self.limiter.decide(&request).instrument(span.clone()).await;
+                (Some(request), result)
+            }
+            Err(e) => (None, Err(e)),
         };
         let code = outcome_code(&result);
         self.limiter
@@ -55,7 +88,8 @@ impl<S: CounterStore> pb::RateLimitService for RateLimitService<S> {
         match result {
             Ok(decision) => {
                 span.record("outcome", code);
-                Ok(Response::new(to_pb(&decision, self.headers)))
+                let response = to_pb_with(request.as_ref(), &decision, self.options);
+                Ok(Response::new(response))
             }
             Err(e) => {
                 let status = to_grpc_status(e);
@@ -83,11 +117,6 @@ pub fn from_pb(request: pb::RateLimitRequest) -> Result<Request, DecideError> {
         .into_iter()
         .enumerate()
         .map(|(i, d)| {
-            if d.is_negative_hits {
-                return Err(DecideError::InvalidArgument(format!(
-                    "descriptor {i}: is_negative_hits is not supported"
-                )));
-            }
             let limit = match d.limit {
                 None => None,
                 Some(l) => Some(Override {
@@ -95,7 +124,7 @@ pub fn from_pb(request: pb::RateLimitRequest) -> Result<Request, DecideError> {
                     unit: override_unit(l.unit, i)?,
                 }),
             };
-            Ok(Descriptor {
+            Ok::<_, DecideError>(Descriptor {
                 entries: d
                     .entries
                     .into_iter()
@@ -106,6 +135,7 @@ pub fn from_pb(request: pb::RateLimitRequest) -> Result<Request, DecideError> {
                     .collect(),
                 limit,
                 hits_addend: d.hits_addend,
+                is_negative_hits: d.is_negative_hits,
             })
         })
         .collect::<Result<_, _>>()?;
@@ -131,8 +161,23 @@ fn unit_to_pb(unit: Unit) -> PbUnit {
     PbUnit::from_str_name(unit.proto_name()).unwrap_or(PbUnit::Unknown)
 }
 
-/// Builds the wire response for `decision`.
+/// Builds the wire response for `decision`, with the headers of `mode`.
 pub fn to_pb(decision: &Decision, mode: HeaderMode) -> pb::RateLimitResponse {
+    let options = ResponseOptions {
+        headers: mode,
+        ..ResponseOptions::default()
+    };
+    to_pb_with(None, decision, options)
+}
+
+/// Builds the wire response for `decision` on `request`, shaped by
+/// `options`: with the request, a refusal is explained in
+/// `dynamic_metadata` (and in `raw_body` when asked).
+pub fn to_pb_with(
+    request: Option<&Request>,
+    decision: &Decision,
+    options: ResponseOptions,
+) -> pb::RateLimitResponse {
     let code = |over: bool| if over { Code::OverLimit } else { Code::Ok } as i32;
     let statuses = decision
         .statuses
@@ -152,17 +197,64 @@ pub fn to_pb(decision: &Decision, mode: HeaderMode) -> pb::RateLimitResponse {
             quota: None,
         })
         .collect();
+    let mut response_headers_to_add: Vec<pb::HeaderValue> = headers(options.headers, decision)
+        .into_iter()
+        .map(|(key, value)| pb::HeaderValue {
+            key: key.to_owned(),
+            value,
+            raw_value: Vec::new(),
+        })
+        .collect();
+    let mut raw_body = Vec::new();
+    let mut dynamic_metadata = None;
+    if let Some(request) = request {
+        if options.problem_body
+            && let Some(body) = explain::problem_body(request, decision)
+        {
+            // Envoy lets the service's content-type replace the text/plain
+            // of its local reply.
+            response_headers_to_add.push(pb::HeaderValue {
+                key: "content-type".to_owned(),
+                value: explain::PROBLEM_JSON.to_owned(),
+                raw_value: Vec::new(),
+            });
+            raw_body = body.into_bytes();
+        }
+        dynamic_metadata =
+            explain::dynamic_metadata(request, decision, options.dynamic_metadata).map(to_struct);
+    }
     pb::RateLimitResponse {
         overall_code: code(!decision.admitted),
         statuses,
-        response_headers_to_add: headers(mode, decision)
-            .into_iter()
-            .map(|(key, value)| pb::HeaderValue {
-                key: key.to_owned(),
-                value,
-                raw_value: Vec::new(),
-            })
-            .collect(),
+        response_headers_to_add,
+        raw_body,
+        dynamic_metadata,
         ..Default::default()
     }
+}
+
+/// A JSON object as a protobuf `Struct`.
+fn to_struct(fields: serde_json::Map<String, serde_json::Value>) -> prost_types::Struct {
+    prost_types::Struct {
+        fields: fields
+            .into_iter()
+            .map(|(key, value)| (key, to_value(value)))
+            .collect(),
+    }
+}
+
+fn to_value(value: serde_json::Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    use serde_json::Value;
+    let kind = match value {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        Value::String(s) => Kind::StringValue(s),
+        Value::Array(items) => Kind::ListValue(prost_types::ListValue {
+            values: items.into_iter().map(to_value).collect(),
+        }),
+        Value::Object(fields) => Kind::StructValue(to_struct(fields)),
+    };
+    prost_types::Value { kind: Some(kind) }
 }

@@ -563,6 +563,8 @@ impl Settings {
                 0
             },
             clock: std::sync::Arc::new(crate::limiter::SystemClock),
+            // counting, shadow_mode, quota_mode: wired by the lead.
+            ..crate::decision::LimiterOptions::default()
         }
     }
 

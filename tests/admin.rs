@@ -141,7 +141,8 @@ async fn metrics_count_known_traffic_by_domain_and_limit() {
         r#"sluice_hits_total{domain="admin",limit="per-client",descriptor=""} 7"#,
         r#"sluice_admitted_total{domain="admin",limit="per-client",descriptor=""} 5"#,
         r#"sluice_over_limit_total{domain="admin",limit="per-client",descriptor=""} 2"#,
-        r#"sluice_near_limit_total{domain="admin",limit="per-client",descriptor=""} 2"#,
+        // Threshold floor(5 × 0.8) = 4: only the hit that took it to 5.
+        r#"sluice_near_limit_total{domain="admin",limit="per-client",descriptor=""} 1"#,
         r#"sluice_shadow_mode_total{domain="admin",limit="admin/trial",descriptor=""} 1"#,
         r#"sluice_requests_total{code="OK"} 7"#,
         r#"sluice_requests_total{code="OVER_LIMIT"} 2"#,
@@ -497,4 +498,178 @@ async fn a_configmap_swap_reloads_and_a_broken_file_keeps_the_old_rules() {
             .unwrap()
             .contains(r#"sluice_rules_reloads_total{result="success"} 1"#)
     );
+}
+
+// ---------------------------------------------------------------------------
+// Peeks and the counters endpoint (issue 12, item 4)
+// ---------------------------------------------------------------------------
+
+/// A blocking HTTP call with an owned path, off the runtime.
+async fn exchange(
+    server: &Server,
+    method: &'static str,
+    path: String,
+    body: String,
+) -> (u16, String) {
+    let addr = server.http;
+    tokio::task::spawn_blocking(move || http(addr, method, &path, &body))
+        .await
+        .unwrap()
+}
+
+/// A server over `store` with the `/counters` endpoint on or off.
+async fn counters_server<S: sluice::store::CounterStore>(
+    store: S,
+    clock: Arc<ManualClock>,
+    on: bool,
+) -> Server {
+    let limiter = Arc::new(sluice::decision::Limiter::new(
+        rules(RULES),
+        store,
+        Default::default(),
+    ));
+    let extras = sluice::server::ServeExtras {
+        admin_counters: on,
+        ..Default::default()
+    };
+    Server::start_with_extras(limiter, Default::default(), extras, clock).await
+}
+
+fn remaining_in(body: &str) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["statuses"][0]["limitRemaining"]
+        .as_u64()
+        .or_else(|| v["status"]["limitRemaining"].as_u64())
+        .unwrap_or_else(|| panic!("no limitRemaining in {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_peek_reads_the_counters_without_charging_them() {
+    let server = memory_server(LimiterOptions::default()).await;
+    let (status, body) = call(&server, "POST", "/json", json("admin", "client", "p")).await;
+    assert_eq!((status, remaining_in(&body)), (200, 4), "{body}");
+    for peek in ["/json?peek=true", "/json?peek", "/json?peek=1"] {
+        let (status, body) =
+            exchange(&server, "POST", peek.into(), json("admin", "client", "p")).await;
+        assert_eq!((status, remaining_in(&body)), (200, 4), "{peek}: {body}");
+    }
+    // A request-level hitsAddend of 0 still means 1; the peek wins over it.
+    let zero = r#"{"domain":"admin","hitsAddend":0,"descriptors":[{"entries":[{"key":"client","value":"p"}]}]}"#;
+    let (_, body) = exchange(&server, "POST", "/json?peek=true".into(), zero.into()).await;
+    assert_eq!(remaining_in(&body), 4, "{body}");
+    let (_, body) = exchange(&server, "POST", "/json".into(), zero.into()).await;
+    assert_eq!(remaining_in(&body), 3, "{body}");
+    let (status, body) = exchange(
+        &server,
+        "POST",
+        "/json?peek=maybe".into(),
+        json("admin", "client", "p"),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counters_endpoint_is_off_unless_asked_for() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+    let server = counters_server(store, clock, false).await;
+    for method in ["GET", "DELETE"] {
+        let (status, body) = exchange(
+            &server,
+            method,
+            "/counters?domain=admin&descriptor=client=a".into(),
+            String::new(),
+        )
+        .await;
+        assert_eq!(status, 404, "{method}: {body}");
+        assert!(body.contains("admin_counters"), "{body}");
+    }
+    server.stop().await;
+}
+
+/// Spends `client=who`'s budget of 5 over /json, checks `/counters` sees it
+/// without charging, resets it, and checks the budget is whole again.
+async fn inspect_and_reset(server: &Server, who: &str) {
+    for _ in 0..5 {
+        call(server, "POST", "/json", json("admin", "client", who)).await;
+    }
+    let (status, _) = call(server, "POST", "/json", json("admin", "client", who)).await;
+    assert_eq!(status, 429);
+    let path = format!("/counters?domain=admin&descriptor=client={who}");
+    for _ in 0..2 {
+        let (status, body) = exchange(server, "GET", path.clone(), String::new()).await;
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["rule"], "admin/client", "{body}");
+        assert_eq!(
+            v["full"], false,
+            "a peek at a full counter still fits 0: {body}"
+        );
+        assert_eq!(v["status"]["limitRemaining"], 0, "{body}");
+        assert_eq!(v["status"]["currentLimit"]["name"], "per-client", "{body}");
+    }
+    let (status, body) = exchange(server, "DELETE", path.clone(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""reset":true"#), "{body}");
+    let (_, body) = exchange(server, "GET", path, String::new()).await;
+    assert_eq!(remaining_in(&body), 5, "{body}");
+    let (status, body) = call(server, "POST", "/json", json("admin", "client", who)).await;
+    assert_eq!((status, remaining_in(&body)), (200, 4), "{body}");
+
+    // Bad and unknown descriptors.
+    for (path, want) in [
+        ("/counters?domain=admin", 400),
+        ("/counters?descriptor=client=a", 400),
+        ("/counters?domain=admin&descriptor=novalue", 400),
+    ] {
+        let (status, body) = exchange(server, "GET", path.into(), String::new()).await;
+        assert_eq!(status, want, "{path}: {body}");
+    }
+    let (status, body) = exchange(
+        server,
+        "DELETE",
+        "/counters?domain=admin&descriptor=nobody=x".into(),
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_are_inspected_and_reset_in_memory() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+    let server = counters_server(store, clock, true).await;
+    inspect_and_reset(&server, "m").await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_are_inspected_and_reset_in_redis() {
+    let redis = RedisServer::start();
+    let (store, clock) = store_on(&redis).await;
+    let server = counters_server(store, clock, true).await;
+    inspect_and_reset(&server, "r").await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_are_inspected_and_reset_in_a_redis_cluster() {
+    let cluster = support::redis::RedisCluster::start();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = redis_store(
+        &cluster.url(),
+        clock.clone(),
+        TimeSource::Redis,
+        Duration::from_secs(2),
+    )
+    .await;
+    let server = counters_server(store, clock, true).await;
+    // Several identities, so their HASHes land in different slots and nodes.
+    for who in ["c1", "c2", "c3", "c4"] {
+        inspect_and_reset(&server, who).await;
+    }
+    server.stop().await;
 }

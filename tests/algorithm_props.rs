@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use proptest::sample::subsequence;
 
 use sluice::limiter::{
-    Algorithm, Identity, IdentityBuilder, LimitSpec, ManualClock, Role, State, Window,
+    Algorithm, Counting, Identity, IdentityBuilder, LimitSpec, ManualClock, Role, State, Window,
 };
 use sluice::store::{Batch, BatchItem, BatchOutcome, LimitOutcome, MemoryStore, MemoryStoreConfig};
 
@@ -82,7 +82,9 @@ fn granularity(window: &Window) -> u64 {
     match window.algorithm {
         Algorithm::SlidingWindow { precision_ms } => precision_ms,
         Algorithm::FixedWindow => window.duration_ms,
-        Algorithm::TokenBucket { .. } | Algorithm::SlidingLog => (window.duration_ms / 10).max(1),
+        Algorithm::TokenBucket { .. } | Algorithm::SlidingLog | Algorithm::Concurrency => {
+            (window.duration_ms / 10).max(1)
+        }
     }
 }
 
@@ -456,6 +458,8 @@ fn item(identity: &Identity, limits: Vec<LimitSpec>, hits: u64) -> BatchItem {
         limits,
         hits,
         role: Role::Enforce,
+        counting: Counting::Admitted,
+        refund: false,
     }
 }
 

@@ -321,3 +321,222 @@ fn sigterm_does_not_wait_forever_for_an_open_stream() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+// ---------------------------------------------------------------------------
+// Explained refusals, peeks and what Envoy derives from a status (issue 12)
+// ---------------------------------------------------------------------------
+
+const EXPLAINED: &str = r#"
+domain: why
+descriptors:
+  - key: api_key
+    metadata: {service: {name: billing, tier: 2}}
+    rate_limits:
+      - {name: per-minute, unit: minute, requests_per_unit: 100}
+      - {name: min-gap, unit: 2s, requests_per_unit: 1, algorithm: sliding_log}
+  - key: plan
+    metadata: {service: {name: other, region: eu}, owner: team-b}
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 20}
+"#;
+
+async fn explained_server(extras: sluice::server::ServeExtras) -> Server {
+    use std::sync::Arc;
+    let clock = Arc::new(sluice::limiter::ManualClock::new(support::T0));
+    let store = sluice::store::MemoryStore::new(
+        &sluice::store::MemoryStoreConfig::default(),
+        clock.clone(),
+    );
+    let limiter = Arc::new(sluice::decision::Limiter::new(
+        support::rules(EXPLAINED),
+        store,
+        Default::default(),
+    ));
+    Server::start_with_extras(limiter, Default::default(), extras, clock).await
+}
+
+/// A protobuf `Struct` from Envoy's protos as JSON, to compare whole.
+fn struct_json(s: &envoy_types::pb::google::protobuf::Struct) -> serde_json::Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    fn value(v: &envoy_types::pb::google::protobuf::Value) -> serde_json::Value {
+        match &v.kind {
+            Some(Kind::NullValue(_)) | None => serde_json::Value::Null,
+            Some(Kind::BoolValue(b)) => serde_json::json!(b),
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::StringValue(s)) => serde_json::json!(s),
+            Some(Kind::ListValue(l)) => l.values.iter().map(value).collect(),
+            Some(Kind::StructValue(s)) => struct_json(s),
+        }
+    }
+    s.fields
+        .iter()
+        .map(|(k, v)| (k.clone(), value(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+#[tokio::test]
+async fn a_refusal_names_the_descriptor_and_limit_in_dynamic_metadata() {
+    let server = explained_server(Default::default()).await;
+    let mut c = client(&server).await;
+    let request = || envoy_request("why", &[&[("plan", "free")], &[("api_key", "k1")]]);
+    let first = call(&mut c, request()).await;
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    assert_eq!(
+        first.dynamic_metadata, None,
+        "nothing to explain when admitted"
+    );
+    assert!(first.raw_body.is_empty());
+
+    // 1 per 2 s on api_key: the second call is refused by `min-gap`.
+    let second = call(&mut c, request()).await;
+    assert_eq!(second.overall_code, Code::OverLimit as i32);
+    let metadata = struct_json(second.dynamic_metadata.as_ref().expect("dynamic_metadata"));
+    assert_eq!(
+        metadata,
+        serde_json::json!({"refused": {
+            "index": 1.0,
+            "descriptor": "api_key=k1",
+            "reason": "over_limit",
+            "limit": "min-gap",
+            "rule": "why/api_key",
+            "requests_per_unit": 1.0,
+            "window": "2s",
+            "algorithm": "sliding_log",
+            "retry_after_seconds": 2.0,
+        }}),
+    );
+    assert!(second.raw_body.is_empty(), "no body unless asked");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn upstream_dynamic_metadata_and_a_problem_body_when_asked() {
+    let server = explained_server(sluice::server::ServeExtras {
+        dynamic_metadata: true,
+        problem_body: true,
+        admin_counters: false,
+    })
+    .await;
+    let mut c = client(&server).await;
+    let mut request = envoy_request("why", &[&[("plan", "free")], &[("api_key", "k1")]]);
+    request.hits_addend = 1;
+    request.descriptors[0].hits_addend = Some(UInt64Value { value: 1 });
+    let first = call(&mut c, request.clone()).await;
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    // envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA: the rules' metadata
+    // merged (structs recursively, the first descriptor's value winning).
+    assert_eq!(
+        struct_json(first.dynamic_metadata.as_ref().expect("dynamic_metadata")),
+        serde_json::json!({
+            "domain": "why",
+            "descriptors": [
+                {"entries": ["plan=free"], "hitsAddend": 1.0},
+                {"entries": ["api_key=k1"]},
+            ],
+            "hitsAddend": 1.0,
+            "metadata": {
+                "service": {"name": "other", "region": "eu", "tier": 2.0},
+                "owner": "team-b",
+            },
+        })
+    );
+    assert!(first.raw_body.is_empty());
+
+    let second = call(&mut c, request).await;
+    assert_eq!(second.overall_code, Code::OverLimit as i32);
+    let metadata = struct_json(second.dynamic_metadata.as_ref().unwrap());
+    assert_eq!(
+        metadata["metadata"],
+        serde_json::json!({"service": {"name": "other", "region": "eu"}, "owner": "team-b"}),
+        "only the descriptors that were not over limit lend their metadata"
+    );
+    assert_eq!(metadata["refused"]["limit"], "min-gap");
+    let body: serde_json::Value = serde_json::from_slice(&second.raw_body).expect("JSON body");
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["title"], "Too Many Requests");
+    assert_eq!(body["limit"], "min-gap");
+    assert_eq!(body["retry_after_seconds"], 2);
+    assert_eq!(body["descriptor"], "api_key=k1");
+    let content_type: Vec<&str> = second
+        .response_headers_to_add
+        .iter()
+        .filter(|h| h.key == "content-type")
+        .map(|h| h.value.as_str())
+        .collect();
+    assert_eq!(content_type, ["application/problem+json"]);
+    assert!(
+        !first
+            .response_headers_to_add
+            .iter()
+            .any(|h| h.key == "content-type"),
+        "an admitted request's response keeps the application's content-type"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_token_bucket_never_reports_more_than_its_limit_or_a_zero_reset_when_refusing() {
+    let server = Server::start(EXPLAINED, HeaderMode::Draft03).await;
+    let mut c = client(&server).await;
+    let request = || envoy_request("why", &[&[("tenant", "acme")]]);
+    // 5 per second, bursts of 20: 20 tokens at first, reported as at most 5.
+    for i in 0..20 {
+        let r = call(&mut c, request()).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "request {i}");
+        let remaining = r.statuses[0].limit_remaining;
+        assert_eq!(remaining, (19 - i).min(5), "request {i}");
+        let header = |name: &str| {
+            r.response_headers_to_add
+                .iter()
+                .find(|h| h.key == name)
+                .map(|h| h.value.clone())
+                .unwrap()
+        };
+        assert_eq!(header("x-ratelimit-remaining"), remaining.to_string());
+    }
+    // Refused: the next token is 200 ms away, reported as 1 s, never 0
+    // (Envoy keeps only the seconds of duration_until_reset).
+    let r = call(&mut c, request()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let reset = r.statuses[0].duration_until_reset.expect("reset");
+    assert_eq!((reset.seconds, reset.nanos), (1, 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn query_peek_reads_the_counters_without_charging_them() {
+    use sluice::query::{QueryArgs, query};
+    let server = explained_server(Default::default()).await;
+    let args = |peek: bool| QueryArgs {
+        addr: server.grpc.to_string(),
+        domain: "why".into(),
+        descriptors: vec!["plan=free".parse().unwrap()],
+        hits: None,
+        peek,
+        timeout: 5_000,
+    };
+    for _ in 0..3 {
+        let r = query(&args(true)).await.expect("answer");
+        assert_eq!(r.statuses[0].limit_remaining, 10, "a peek charges nothing");
+    }
+    let r = query(&args(false)).await.expect("answer");
+    assert_eq!(r.statuses[0].limit_remaining, 9);
+    let r = query(&args(true)).await.expect("answer");
+    assert_eq!(r.statuses[0].limit_remaining, 9);
+
+    // A refusal is printed with the limit that refused it.
+    let gap = QueryArgs {
+        descriptors: vec!["api_key=k9".parse().unwrap()],
+        ..args(false)
+    };
+    query(&gap).await.expect("answer");
+    let r = query(&gap).await.expect("answer");
+    let text = sluice::query::render(&gap, &r);
+    assert!(
+        text.contains("refused by min-gap (1 per 2s, sliding_log) on [0] api_key=k9; retry in 2 s"),
+        "{text}"
+    );
+    server.stop().await;
+}

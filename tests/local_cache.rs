@@ -150,6 +150,7 @@ fn request(domain: &str, descriptors: &[(&str, &str, Option<u64>)], hits_addend:
                 entries: vec![Entry::new(*k, *v)],
                 limit: None,
                 hits_addend: *hits,
+                is_negative_hits: false,
             })
             .collect(),
         hits_addend,
@@ -460,7 +461,8 @@ async fn the_cache_reports_the_scripts_sliding_window_reset() {
         .compare(&request("r", &[("sliding", "x", None)], 0))
         .await
         .expect("the counter is known full: the cache answers");
-    assert_eq!(answers.cached.statuses[0].reset_ms, Some(59_700));
+    // 59.7 s, reported as a refusal reports it: whole seconds, rounded up.
+    assert_eq!(answers.cached.statuses[0].reset_ms, Some(60_000));
     answers.check().unwrap();
 }
 

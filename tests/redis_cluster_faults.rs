@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::limiter::{Clock, IdentityBuilder, LimitSpec, ManualClock, Role, SystemClock};
+use sluice::limiter::{
+    Clock, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, SystemClock,
+};
 use sluice::store::{
     Batch, BatchItem, BreakerConfig, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
     StoreError, TimeSource,
@@ -38,6 +40,8 @@ fn item(name: &str, limit: LimitSpec, hits: u64) -> BatchItem {
         limits: vec![limit],
         hits,
         role: Role::Enforce,
+        counting: Counting::Admitted,
+        refund: false,
     }
 }
 

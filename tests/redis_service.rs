@@ -742,6 +742,7 @@ async fn weights_past_u64_are_invalid_and_count_nothing_in_redis() {
                 entries: vec![Entry::new("client", "w")],
                 limit: None,
                 hits_addend: Some(w),
+                is_negative_hits: false,
             })
             .collect(),
         hits_addend: 0,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::limiter::{IdentityBuilder, ManualClock, Role};
+use sluice::limiter::{Counting, IdentityBuilder, ManualClock, Role};
 use sluice::settings::Settings;
 use sluice::store::{
     Batch, BatchItem, BreakerConfig, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
@@ -27,6 +27,8 @@ fn item(name: &str, hits: u64) -> BatchItem {
         limits: vec![per_minute(5)],
         hits,
         role: Role::Enforce,
+        counting: Counting::Admitted,
+        refund: false,
     }
 }
 

@@ -795,7 +795,9 @@ async fn token_bucket_reports_tokens_as_remaining_and_the_next_token_as_reset() 
             status(&r, 0).limit_remaining,
             reset_ms(&r, 0)
         ),
-        (OVER, 0, 100)
+        // The next token is 100 ms away; a refusal reports whole seconds
+        // (Envoy's x-ratelimit-reset drops the fraction: never "reset 0").
+        (OVER, 0, 1_000)
     );
     h.clock.advance(100);
     assert_eq!(h.ok(call()).await.overall_code, OK);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::limiter::{
-    Algorithm, Clock, IdentityBuilder, LimitSpec, MAX_HITS, ManualClock, Role, Window,
+    Algorithm, Clock, Counting, IdentityBuilder, LimitSpec, MAX_HITS, ManualClock, Role, Window,
 };
 use sluice::store::{
     Batch, BatchItem, BatchOutcome, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore,
@@ -67,6 +67,17 @@ pub fn log(requests: u64, duration_ms: u64) -> LimitSpec {
     }
 }
 
+/// At most `slots` in flight, each slot leased for `lease_ms`.
+pub fn concurrency(slots: u64, lease_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests: slots,
+        window: Window {
+            duration_ms: lease_ms,
+            algorithm: Algorithm::Concurrency,
+        },
+    }
+}
+
 pub fn item(name: &str, limits: &[LimitSpec], hits: u64, role: Role) -> BatchItem {
     let mut identity = IdentityBuilder::new("conformance");
     identity.value("id", name);
@@ -75,6 +86,8 @@ pub fn item(name: &str, limits: &[LimitSpec], hits: u64, role: Role) -> BatchIte
         limits: limits.to_vec(),
         hits,
         role,
+        counting: Counting::Admitted,
+        refund: false,
     }
 }
 
@@ -94,6 +107,22 @@ fn summary(outcome: &BatchOutcome) -> Vec<(u64, bool, u64)> {
         .collect()
 }
 
+/// `item` counted always (even when it does not fit).
+pub fn always(name: &str, limits: &[LimitSpec], hits: u64, role: Role) -> BatchItem {
+    BatchItem {
+        counting: Counting::Always,
+        ..item(name, limits, hits, role)
+    }
+}
+
+/// A refund (`is_negative_hits`) of `hits` to `limits`.
+pub fn refund(name: &str, limits: &[LimitSpec], hits: u64) -> BatchItem {
+    BatchItem {
+        refund: true,
+        ..item(name, limits, hits, Role::Enforce)
+    }
+}
+
 /// Weighted hits counted now, read with a check-only batch.
 async fn used<S: CounterStore>(store: &S, name: &str, limit: LimitSpec) -> u64 {
     apply(store, vec![item(name, &[limit], 0, Role::Enforce)])
@@ -105,6 +134,200 @@ async fn used<S: CounterStore>(store: &S, name: &str, limit: LimitSpec) -> u64 {
 mod cases {
     use super::*;
     use Role::{Enforce, Quota, Shadow};
+
+    /// envoyproxy/ratelimit's `token-quota.sh`: 2 per minute, a check with
+    /// weight 0 when the request arrives and a charge of 1 when its stream
+    /// ends. Counted always, requests 1–3 pass and the 4th is refused; the
+    /// third charge reports OVER_LIMIT yet counts.
+    pub async fn token_quota_refuses_the_fourth_request_when_counting_always<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        for (name, l) in [
+            ("tq-fixed", fixed(2, 60_000)),
+            ("tq-sliding", sliding(2, 60_000, 1_000)),
+            ("tq-bucket", bucket(2, 60_000, 2)),
+        ] {
+            let mut passed = Vec::new();
+            for _ in 0..4 {
+                let check = apply(s, vec![always(name, &[l], 0, Enforce)]).await;
+                passed.push(check.admitted);
+                if check.admitted {
+                    apply(s, vec![always(name, &[l], 1, Enforce)]).await;
+                }
+            }
+            assert_eq!(passed, [true, true, true, false], "{name}");
+        }
+        // The third charge: over the limit, and counted all the same.
+        let l = fixed(2, 60_000);
+        apply(s, vec![always("tq-third", &[l], 2, Enforce)]).await;
+        let o = apply(s, vec![always("tq-third", &[l], 1, Enforce)]).await;
+        assert_eq!(
+            (o.admitted, o.limits[0].over, o.limits[0].used),
+            (false, true, 3)
+        );
+        assert_eq!(used(s, "tq-third", l).await, 3);
+    }
+
+    /// The same script under `admitted`: the third charge does not fit and
+    /// counts nothing, so the 4th check passes (today's behaviour).
+    pub async fn token_quota_under_admitted_counting_lets_the_fourth_through<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = fixed(2, 60_000);
+        let mut passed = Vec::new();
+        for _ in 0..4 {
+            let check = apply(s, vec![item("tq-adm", &[l], 0, Enforce)]).await;
+            passed.push(check.admitted);
+            apply(s, vec![item("tq-adm", &[l], 1, Enforce)]).await;
+        }
+        assert_eq!(passed, [true, true, true, true]);
+        assert_eq!(used(s, "tq-adm", l).await, 2);
+    }
+
+    /// The example: a 1000/min budget, 900 used, a 500-token charge.
+    pub async fn an_overflowing_charge_counts_and_closes_the_budget<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = fixed(1_000, 60_000);
+        assert!(
+            apply(s, vec![always("budget", &[l], 900, Enforce)])
+                .await
+                .admitted
+        );
+        let o = apply(s, vec![always("budget", &[l], 500, Enforce)]).await;
+        assert_eq!(
+            (o.admitted, o.limits[0].over, o.limits[0].used),
+            (false, true, 1_400)
+        );
+        let check = apply(s, vec![always("budget", &[l], 0, Enforce)]).await;
+        assert!(!check.admitted && check.limits[0].over);
+    }
+
+    /// Mixed requests: an always item counts whatever the others decide;
+    /// admitted items keep all-or-nothing.
+    pub async fn always_items_count_in_a_rejected_request_admitted_ones_do_not<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let full = fixed(1, 60_000);
+        let open = fixed(10, 60_000);
+        apply(s, vec![item("mix-full", &[full], 1, Enforce)]).await;
+        let o = apply(
+            s,
+            vec![
+                item("mix-full", &[full], 1, Enforce),
+                always("mix-always", &[open], 3, Enforce),
+                item("mix-admitted", &[open], 2, Enforce),
+            ],
+        )
+        .await;
+        assert!(!o.admitted);
+        assert_eq!(
+            o.limits
+                .iter()
+                .map(|l| (l.used, l.over))
+                .collect::<Vec<_>>(),
+            [(1, true), (3, false), (0, false)]
+        );
+        assert_eq!(used(s, "mix-always", open).await, 3);
+        assert_eq!(used(s, "mix-admitted", open).await, 0);
+    }
+
+    /// A refund gives back at once, never below empty, for every algorithm,
+    /// and is never over limit.
+    pub async fn refunds_give_back_and_never_go_below_empty<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        for (name, l) in [
+            ("rf-fixed", fixed(10, 60_000)),
+            ("rf-sliding", sliding(10, 60_000, 1_000)),
+            ("rf-bucket", bucket(10, 60_000, 10)),
+            ("rf-log", log(10, 60_000)),
+        ] {
+            apply(s, vec![item(name, &[l], 4, Enforce)]).await;
+            c.advance(2_000);
+            apply(s, vec![item(name, &[l], 6, Enforce)]).await;
+            let full = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert!(!full.admitted, "{name} is full");
+            let o = apply(s, vec![refund(name, &[l], 5)]).await;
+            assert!(o.admitted && !o.limits[0].over, "{name}");
+            assert_eq!(o.limits[0].used, 5, "{name} after the refund");
+            assert!(
+                apply(s, vec![item(name, &[l], 5, Enforce)]).await.admitted,
+                "{name}"
+            );
+            let o = apply(s, vec![refund(name, &[l], 1_000)]).await;
+            assert_eq!(o.limits[0].used, 0, "{name} never below empty");
+            assert!(
+                apply(s, vec![item(name, &[l], 10, Enforce)]).await.admitted,
+                "{name}"
+            );
+            assert!(
+                !apply(s, vec![item(name, &[l], 1, Enforce)]).await.admitted,
+                "{name}"
+            );
+            c.advance(1_000);
+        }
+        // A refund to a counter never used creates nothing and reports empty.
+        let o = apply(s, vec![refund("rf-none", &[fixed(3, 1_000)], 2)]).await;
+        assert_eq!(o.limits[0].used, 0);
+    }
+
+    /// Concurrency: each request takes a slot, the N+1-th is refused, a
+    /// release frees one, and a slot whose release was lost frees itself
+    /// when its lease ends.
+    pub async fn concurrency_slots_are_taken_released_and_leased<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = concurrency(3, 30_000);
+        for n in 1..=3 {
+            let o = apply(s, vec![item("cc", &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (true, n));
+            c.advance(1_000);
+        }
+        let o = apply(s, vec![item("cc", &[l], 1, Enforce)]).await;
+        assert!(!o.admitted && o.limits[0].over, "the 4th is refused");
+        // A release frees a slot at once.
+        let o = apply(s, vec![refund("cc", &[l], 1)]).await;
+        assert_eq!(o.limits[0].used, 2);
+        assert!(apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        assert!(!apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        // Nobody releases: the first slot's lease (taken at 0) ends at 30 s.
+        c.set(T0 + 29_999);
+        assert!(!apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        c.set(T0 + 30_000);
+        assert!(apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        // Releases never go below empty, and a sliding log of the same
+        // length and identity is a different counter.
+        apply(s, vec![refund("cc", &[l], 100)]).await;
+        assert_eq!(used(s, "cc", l).await, 0);
+        apply(s, vec![item("cc", &[log(3, 30_000)], 3, Enforce)]).await;
+        assert_eq!(used(s, "cc", l).await, 0);
+    }
+
+    /// A refund and a debit in one request: the refund never decides it, and
+    /// is applied even when the debit is refused.
+    pub async fn a_refund_stands_when_its_request_is_refused<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = fixed(5, 60_000);
+        let other = fixed(1, 60_000);
+        apply(s, vec![item("rr-a", &[l], 5, Enforce)]).await;
+        apply(s, vec![item("rr-b", &[other], 1, Enforce)]).await;
+        let o = apply(
+            s,
+            vec![refund("rr-a", &[l], 2), item("rr-b", &[other], 1, Enforce)],
+        )
+        .await;
+        assert!(!o.admitted);
+        assert_eq!(used(s, "rr-a", l).await, 3);
+    }
 
     pub async fn exactly_the_limit_then_rejection<S: CounterStore>(s: &S, _: &ManualClock) {
         let l = sliding(3, 1_000, 100);
@@ -653,6 +876,13 @@ macro_rules! suite {
 }
 
 suite!(
+    token_quota_refuses_the_fourth_request_when_counting_always,
+    token_quota_under_admitted_counting_lets_the_fourth_through,
+    an_overflowing_charge_counts_and_closes_the_budget,
+    always_items_count_in_a_rejected_request_admitted_ones_do_not,
+    refunds_give_back_and_never_go_below_empty,
+    a_refund_stands_when_its_request_is_refused,
+    concurrency_slots_are_taken_released_and_leased,
     exactly_the_limit_then_rejection,
     the_straddling_bucket_is_interpolated_and_rounded_up,
     reset_is_the_expiry_of_the_oldest_counted_bucket,
@@ -686,7 +916,8 @@ mod equivalence {
     #[derive(Clone, Debug)]
     struct Step {
         advance_ms: u64,
-        items: Vec<(usize, Vec<usize>, u64, Role)>,
+        /// Who, which limits, weight, role, and 0 admitted / 1 always / 2 refund.
+        items: Vec<(usize, Vec<usize>, u64, Role, u8)>,
     }
 
     fn limits() -> Vec<LimitSpec> {
@@ -699,6 +930,7 @@ mod equivalence {
             bucket(3, 700, 1),
             log(4, 700),
             log(2, 300),
+            concurrency(2, 400),
         ]
     }
 
@@ -707,9 +939,10 @@ mod equivalence {
             prop_oneof![6 => Just(Role::Enforce), 1 => Just(Role::Shadow), 1 => Just(Role::Quota)];
         let one = (
             0..4usize,
-            prop::collection::vec(0..8usize, 1..=3),
+            prop::collection::vec(0..9usize, 1..=3),
             0..=4u64,
             role,
+            prop_oneof![5 => Just(0u8), 2 => Just(1u8), 2 => Just(2u8)],
         );
         (
             prop_oneof![Just(0u64), 0..150u64, 0..1_500u64],
@@ -724,9 +957,14 @@ mod equivalence {
             items: step
                 .items
                 .iter()
-                .map(|(who, which, hits, role)| {
+                .map(|(who, which, hits, role, mode)| {
                     let chosen: Vec<LimitSpec> = which.iter().map(|&i| specs[i]).collect();
-                    item(&format!("p{who}"), &chosen, *hits, *role)
+                    let name = format!("p{who}");
+                    match mode {
+                        0 => item(&name, &chosen, *hits, *role),
+                        1 => always(&name, &chosen, *hits, *role),
+                        _ => refund(&name, &chosen, *hits),
+                    }
                 })
                 .collect(),
         }

@@ -2,7 +2,7 @@
 //! the store's answers. The cache answers only when the store's answer is
 //! known (see `overlimit` for why), so both paths give the same decision.
 
-use crate::limiter::{Millis, admits};
+use crate::limiter::{Counting, Millis, admits};
 use crate::store::{Batch, LimitOutcome};
 
 use super::Limiter;
@@ -19,7 +19,12 @@ impl<S> Limiter<S> {
     ) -> Option<Vec<LimitOutcome>> {
         let cache = self.cache.as_ref()?;
         if batch.items.is_empty()
-            || batch.items.iter().any(|item| item.hits == 0)
+            // A refund or an always-counted debit changes the counter
+            // whatever the answer: only the store can apply it.
+            || batch
+                .items
+                .iter()
+                .any(|item| item.hits == 0 || item.refund || item.counting == Counting::Always)
             || admits(batch.items.iter().map(|item| (item.role, true)))
         {
             return None;

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use crate::limiter::{Clock, SystemClock};
+use crate::limiter::{Clock, Counting, SystemClock};
 use crate::overlimit::OverLimitCache;
 use crate::request::Request;
 use crate::rules::RuleSet;
@@ -81,6 +81,16 @@ pub struct LimiterOptions {
     pub local_cache: usize,
     /// The clock of the local cache.
     pub clock: Arc<dyn Clock>,
+    /// `counting` of rules that do not set it (`--counting`).
+    pub counting: Counting,
+    /// Global shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`): the
+    /// overall answer is OK even when a descriptor is over its limit; the
+    /// descriptor statuses, counting and metrics are unchanged.
+    pub shadow_mode: bool,
+    /// Global quota mode: every descriptor that would enforce its limit acts
+    /// as a `quota_mode` one (the request is refused only when all of them
+    /// are over their limits).
+    pub quota_mode: bool,
 }
 
 impl Default for LimiterOptions {
@@ -91,6 +101,9 @@ impl Default for LimiterOptions {
             metrics: Arc::default(),
             local_cache: 0,
             clock: Arc::new(SystemClock),
+            counting: Counting::default(),
+            shadow_mode: false,
+            quota_mode: false,
         }
     }
 }
@@ -106,6 +119,8 @@ pub struct Limiter<S> {
     /// Counters known to be full; `None` when turned off.
     cache: Option<OverLimitCache>,
     clock: Arc<dyn Clock>,
+    defaults: plan::Defaults,
+    shadow_mode: bool,
 }
 
 impl<S: CounterStore> Limiter<S> {
@@ -131,6 +146,11 @@ impl<S: CounterStore> Limiter<S> {
             metrics: options.metrics,
             cache: OverLimitCache::new(options.local_cache),
             clock: options.clock,
+            defaults: plan::Defaults {
+                counting: options.counting,
+                quota_mode: options.quota_mode,
+            },
+            shadow_mode: options.shadow_mode,
         }
     }
 
@@ -164,7 +184,7 @@ impl<S: CounterStore> Limiter<S> {
                 statuses: vec![Status::NO_LIMIT; request.descriptors.len()],
             });
         };
-        let Planned { plans, batch } = plan::plan(domain, request)?;
+        let Planned { plans, batch } = plan::plan(domain, request, self.defaults)?;
 
         let now = self.clock.now();
         let (admitted, results) = if let Some(results) = self.answer_from_cache(&batch, now) {
@@ -190,7 +210,10 @@ impl<S: CounterStore> Limiter<S> {
         // A cached answer goes through here exactly as a store answer does
         // (see `overlimit`): the same statuses, the same metrics.
         let statuses = self.conclude(&loaded, request, &plans, admitted, &results);
-        Ok(Decision { admitted, statuses })
+        Ok(Decision {
+            admitted: admitted || self.shadow_mode,
+            statuses,
+        })
     }
 
     /// One status per descriptor from the outcomes of the batch (in plan
@@ -223,7 +246,7 @@ impl<S: CounterStore> Limiter<S> {
                             admitted,
                         },
                     );
-                    Status::of(&limited.limits, mine, limited.role)
+                    Status::of(limited, mine)
                 }
             })
             .collect()

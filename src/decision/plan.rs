@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use crate::limiter::{Algorithm, Identity, IdentityBuilder, LimitSpec, Role, Window};
+use crate::limiter::{Algorithm, Counting, Identity, IdentityBuilder, LimitSpec, Role, Window};
 use crate::request::{Descriptor, Request};
 use crate::rules::{DEFAULT_BUCKETS, Domain, Limit, Rule, Unit};
 use crate::store::{Batch, BatchItem};
@@ -30,6 +30,19 @@ pub(super) struct Limited<'r> {
     pub rule: Option<&'r Rule>,
     /// The descriptor's weight.
     pub hits: u64,
+    /// Whether the weight is counted only with its request or always.
+    pub counting: Counting,
+    /// The weight is given back (`is_negative_hits`), not counted.
+    pub refund: bool,
+}
+
+/// What the limiter's options decide for rules that leave it open.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Defaults {
+    /// `counting` of rules that do not set it.
+    pub counting: Counting,
+    /// Global `quota_mode`: every enforcing descriptor counts as a quota one.
+    pub quota_mode: bool,
 }
 
 /// A limit to check: from a rule, or from the request's override.
@@ -62,7 +75,11 @@ pub(super) struct Planned<'r> {
 }
 
 /// Plans `request` against `domain`'s rules.
-pub(super) fn plan<'r>(domain: &'r Domain, request: &Request) -> Result<Planned<'r>, DecideError> {
+pub(super) fn plan<'r>(
+    domain: &'r Domain,
+    request: &Request,
+    defaults: Defaults,
+) -> Result<Planned<'r>, DecideError> {
     // Each limited plan travels with the identity of its counters until the
     // replaced limits are known.
     // Each limited plan travels with the identity of its counters until the
@@ -70,7 +87,7 @@ pub(super) fn plan<'r>(domain: &'r Domain, request: &Request) -> Result<Planned<
     let matched: Vec<(Plan<'r>, Option<Identity>)> = request
         .descriptors
         .iter()
-        .map(|descriptor| match_descriptor(domain, request, descriptor))
+        .map(|descriptor| match_descriptor(domain, request, descriptor, defaults))
         .collect::<Result<_, _>>()?;
 
     // `replaces`: a limit named by any matched limit is neither checked nor
@@ -106,6 +123,8 @@ pub(super) fn plan<'r>(domain: &'r Domain, request: &Request) -> Result<Planned<
                     limits: limited.limits.iter().map(|l| l.spec).collect(),
                     hits: limited.hits,
                     role: limited.role,
+                    counting: limited.counting,
+                    refund: limited.refund,
                 });
                 Plan::Limited(limited)
             }
@@ -120,8 +139,14 @@ fn match_descriptor<'r>(
     domain: &'r Domain,
     request: &Request,
     descriptor: &Descriptor,
+    defaults: Defaults,
 ) -> Result<(Plan<'r>, Option<Identity>), DecideError> {
     let hits = weight(request, descriptor);
+    let refund = descriptor.is_negative_hits;
+    let role = |role: Role| match role {
+        Role::Enforce if defaults.quota_mode => Role::Quota,
+        role => role,
+    };
     if let Some(limit) = &descriptor.limit {
         let mut identity = IdentityBuilder::new(&request.domain);
         for entry in &descriptor.entries {
@@ -136,9 +161,11 @@ fn match_descriptor<'r>(
         };
         let limited = Limited {
             limits: vec![planned],
-            role: Role::Enforce,
+            role: role(Role::Enforce),
             rule: None,
             hits,
+            counting: defaults.counting,
+            refund,
         };
         return Ok((Plan::Limited(limited), Some(identity.build())));
     }
@@ -148,9 +175,11 @@ fn match_descriptor<'r>(
         Some(found) => {
             let limited = Limited {
                 limits: found.rule.limits.iter().map(PlannedLimit::from).collect(),
-                role: found.rule.role,
+                role: role(found.rule.role),
                 rule: Some(found.rule),
                 hits,
+                counting: found.rule.counting.unwrap_or(defaults.counting),
+                refund,
             };
             (Plan::Limited(limited), Some(found.identity))
         }

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use crate::limiter::Role;
-use crate::rules::Unit;
+use crate::rules::{Annotations, Unit};
 use crate::store::LimitOutcome;
 
-use super::plan::PlannedLimit;
+use super::plan::{Limited, PlannedLimit};
 
 /// The answer for one descriptor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,11 +16,16 @@ pub struct Status {
     pub over_limit: bool,
     /// The descriptor's tightest limit; `None` when no limit applied.
     pub limit: Option<Reported>,
-    /// Requests left: after this one when admitted, headroom otherwise.
-    /// `u32::MAX` for unlimited descriptors.
+    /// Requests left: after this one when admitted, headroom otherwise;
+    /// never more than the reported limit's `requests`. `u32::MAX` for
+    /// unlimited descriptors.
     pub remaining: u64,
-    /// When the reported limit's headroom next grows.
+    /// When the reported limit's headroom next grows. For a refused
+    /// descriptor, whole seconds and at least one (see [`Status::of`]).
     pub reset_ms: Option<u64>,
+    /// The matched rule's path and metadata; `None` without a rule (no
+    /// limit, unlimited, or the request's own override).
+    pub rule: Option<Arc<Annotations>>,
 }
 
 /// A limit as reported back to the caller.
@@ -34,6 +39,8 @@ pub struct Reported {
     pub window_ms: u64,
     /// `rate_limit.name`, if the rule gave one.
     pub name: Option<Arc<str>>,
+    /// How the limit counts (`sliding_window`, `token_bucket`, …).
+    pub algorithm: &'static str,
 }
 
 impl Status {
@@ -42,12 +49,14 @@ impl Status {
         limit: None,
         remaining: 0,
         reset_ms: None,
+        rule: None,
     };
     pub(super) const UNLIMITED: Status = Status {
         over_limit: false,
         limit: None,
         remaining: u32::MAX as u64,
         reset_ms: None,
+        rule: None,
     };
 }
 
@@ -55,7 +64,18 @@ impl Status {
     /// One descriptor's status from its limits' outcomes: the limit that
     /// rejected it, or else the one with the least headroom, is the one
     /// reported.
-    pub(super) fn of(limits: &[PlannedLimit<'_>], results: &[LimitOutcome], role: Role) -> Status {
+    ///
+    /// Two adjustments keep what Envoy derives from the status true:
+    ///
+    /// - `remaining` never exceeds the reported `requests`: a token bucket
+    ///   whose burst is above its rate (5/s, bursts of 20) would otherwise
+    ///   tell a client "limit 5, remaining 8".
+    /// - A refused descriptor's reset is rounded up to whole seconds, at
+    ///   least one: Envoy's `x-ratelimit-reset` keeps only the seconds of
+    ///   `duration_until_reset`, so a token bucket's next token 80 ms away
+    ///   would reach the client as "reset 0" on a 429.
+    pub(super) fn of(limited: &Limited<'_>, results: &[LimitOutcome]) -> Status {
+        let limits = &limited.limits;
         let remaining = |(limit, result): &(&PlannedLimit<'_>, &LimitOutcome)| {
             limit.spec.capacity().saturating_sub(result.used)
         };
@@ -67,16 +87,39 @@ impl Status {
             return Status::NO_LIMIT;
         };
         let (limit, result) = chosen;
+        let over_limit = result.over && limited.role != Role::Shadow;
+        let reset_ms = if over_limit {
+            result.reset_ms.div_ceil(1_000).max(1) * 1_000
+        } else {
+            result.reset_ms
+        };
         Status {
-            over_limit: result.over && role != Role::Shadow,
+            over_limit,
             limit: Some(Reported {
                 requests: limit.spec.requests,
                 unit: limit.unit,
                 window_ms: limit.spec.window.duration_ms,
                 name: limit.name.cloned(),
+                algorithm: limit.spec.window.algorithm.name(),
             }),
-            remaining: remaining(&chosen),
-            reset_ms: Some(result.reset_ms),
+            remaining: remaining(&chosen).min(limit.spec.requests),
+            reset_ms: Some(reset_ms),
+            rule: limited.rule.map(|rule| rule.annotations.clone()),
+        }
+    }
+
+    /// The limit's name for people and logs: its `name`, else the rule's
+    /// path, else `_override_` (a request-supplied limit).
+    pub fn limit_label(&self) -> &str {
+        match (&self.limit, &self.rule) {
+            (
+                Some(Reported {
+                    name: Some(name), ..
+                }),
+                _,
+            ) => name,
+            (_, Some(rule)) => &rule.path,
+            _ => "_override_",
         }
     }
 }

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use super::duration::{parse_duration, parse_unit};
 use super::wildcard::Pattern;
 use super::yaml::{self, Kind, Node as Yaml};
-use super::{ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
+use super::{Annotations, ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet, Unit};
 use crate::limiter::algorithm::{MAX_BUCKET_TICKS, MAX_LOG_ENTRIES};
-use crate::limiter::{Algorithm, LimitSpec, Role, Window};
+use crate::limiter::{Algorithm, Counting, LimitSpec, Role, Window};
 
 /// Buckets per window when `precision` is not given: the largest divisor of the
 /// window up to 10. Ten buckets keep the interpolated bucket (the only source of
@@ -38,6 +38,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "descriptors",
     "shadow_mode",
     "quota_mode",
+    "counting",
     "detailed_metric",
     "value_to_metric",
     "share_threshold",
@@ -52,7 +53,13 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "algorithm",
     "precision",
     "burst",
+    "lease",
 ];
+
+/// How long a concurrency slot is held when no release comes: long enough
+/// for ordinary streams, short enough that a lost release frees its slot
+/// soon. `lease:` in the rule overrides it.
+pub const DEFAULT_LEASE_MS: u64 = 30_000;
 
 /// Loads every file named, and every `*.yaml`/`*.yml` file anywhere below
 /// every directory named (like envoyproxy/ratelimit's loader, which walks the
@@ -271,6 +278,8 @@ struct Compiler<'f> {
 struct Flags {
     shadow_mode: bool,
     quota_mode: bool,
+    /// `counting`, when the descriptor sets it.
+    counting: Option<Counting>,
     detailed_metric: bool,
     share_threshold: bool,
     /// Per depth, whether the runtime value may label metrics.
@@ -373,6 +382,22 @@ impl Compiler<'_> {
         }
         self.error(node.line, path, format!("'{what}' must be true or false"));
         false
+    }
+
+    /// `counting: admitted | always`; absent or null leaves the global default.
+    fn counting(&mut self, node: Option<&&Yaml>, path: &str) -> Option<Counting> {
+        let node = node.filter(|node| !node.is_null())?;
+        if let Kind::Scalar { text, .. } = &node.kind {
+            match text.parse() {
+                Ok(counting) => return Some(counting),
+                Err(message) => {
+                    self.error(node.line, path, format!("'counting': {message}"));
+                    return None;
+                }
+            }
+        }
+        self.error(node.line, path, "'counting' must be admitted or always");
+        None
     }
 
     fn integer(&mut self, node: &Yaml, path: &str, what: &str, max: u64) -> Option<u64> {
@@ -479,6 +504,7 @@ impl Compiler<'_> {
         let flags = Flags {
             shadow_mode: self.boolean(map.get("shadow_mode"), &path, "shadow_mode"),
             quota_mode: self.boolean(map.get("quota_mode"), &path, "quota_mode"),
+            counting: self.counting(map.get("counting"), &path),
             detailed_metric,
             share_threshold: self.boolean(map.get("share_threshold"), &path, "share_threshold"),
             value_levels,
@@ -590,8 +616,13 @@ impl Compiler<'_> {
             limits,
             unlimited,
             role,
+            counting: flags.counting,
             detailed_metric: flags.detailed_metric,
             metric_values: flags.value_levels.clone(),
+            annotations: Arc::new(Annotations {
+                path: path.to_owned(),
+                metadata: present("metadata").map(|node| node.to_json()),
+            }),
         })
     }
 
@@ -628,17 +659,41 @@ impl Compiler<'_> {
         }
         // Each part is checked even when another is wrong, so that every error
         // of the block is reported.
-        let window = match unit {
-            Some((Some(text), line)) if !text.is_empty() => match parse_unit(&text) {
-                Ok(parsed) => Some(parsed),
-                Err(e) => self.fail(line, path, e),
-            },
-            Some((None, _)) => None,
-            _ => self.fail(
-                node.line,
-                path,
-                "invalid rate limit unit '': 'unit' is required unless 'unlimited: true'",
-            ),
+        let concurrency = map
+            .get("algorithm")
+            .is_some_and(|a| matches!(&a.kind, Kind::Scalar { text, .. } if text == "concurrency"));
+        let window = if concurrency {
+            // The window is the lease; a unit, optional, is only reported.
+            let lease = self.lease(map.get("lease").copied(), path);
+            let reported = match unit {
+                Some((Some(text), line)) if !text.is_empty() => match parse_unit(&text) {
+                    Ok((_, reported)) => Some(reported),
+                    Err(e) => self.fail(line, path, e),
+                },
+                Some((None, _)) => None,
+                _ => Some(Unit::Unknown),
+            };
+            lease.zip(reported)
+        } else {
+            if let Some(lease) = map.get("lease") {
+                self.error(
+                    lease.line,
+                    path,
+                    "'lease' applies only to algorithm concurrency",
+                );
+            }
+            match unit {
+                Some((Some(text), line)) if !text.is_empty() => match parse_unit(&text) {
+                    Ok(parsed) => Some(parsed),
+                    Err(e) => self.fail(line, path, e),
+                },
+                Some((None, _)) => None,
+                _ => self.fail(
+                    node.line,
+                    path,
+                    "invalid rate limit unit '': 'unit' is required unless 'unlimited: true'",
+                ),
+            }
         };
         let requests = match map.get("requests_per_unit") {
             Some(n) => self.integer(n, path, "requests_per_unit", u64::from(u32::MAX)),
@@ -659,6 +714,19 @@ impl Compiler<'_> {
             name: name.map(Arc::from),
             replaces,
         }))
+    }
+
+    /// `lease:` of a concurrency limit, in milliseconds (the default when absent).
+    fn lease(&mut self, node: Option<&Yaml>, path: &str) -> Option<u64> {
+        let Some(node) = node else {
+            return Some(DEFAULT_LEASE_MS);
+        };
+        let text = self.string(node, path, "lease")?;
+        match parse_duration(&text) {
+            Ok(0) => self.fail(node.line, path, "'lease' must be longer than 0"),
+            Ok(ms) => Some(ms),
+            Err(e) => self.fail(node.line, path, format!("invalid lease '{text}': {e}")),
+        }
     }
 
     /// The algorithm of a rate limit whose window is `duration_ms` long
@@ -748,10 +816,23 @@ impl Compiler<'_> {
                 }
                 Some(Algorithm::SlidingLog)
             }
+            "concurrency" => {
+                if let Some(node) = precision {
+                    return self.fail(node.line, path, "'precision' applies only to algorithm sliding_window");
+                }
+                if requests? > MAX_LOG_ENTRIES {
+                    return self.fail(
+                        line,
+                        path,
+                        format!("concurrency keeps one entry per slot: requests_per_unit must be at most {MAX_LOG_ENTRIES}"),
+                    );
+                }
+                Some(Algorithm::Concurrency)
+            }
             other => self.fail(
                 line,
                 path,
-                format!("unknown algorithm '{other}' (expected sliding_window, fixed_window, token_bucket or sliding_log)"),
+                format!("unknown algorithm '{other}' (expected sliding_window, fixed_window, token_bucket, sliding_log or concurrency)"),
             ),
         }
     }

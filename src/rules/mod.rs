@@ -21,7 +21,7 @@ pub use compile::{DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, load_paths, pars
 pub use duration::{Unit, parse_duration, parse_unit};
 pub use wildcard::Pattern;
 
-use crate::limiter::{Identity, IdentityBuilder, LimitSpec, Role};
+use crate::limiter::{Counting, Identity, IdentityBuilder, LimitSpec, Role};
 use crate::request::Entry;
 
 /// Every loaded domain.
@@ -98,11 +98,29 @@ pub struct Rule {
     pub unlimited: bool,
     /// How this descriptor's verdict takes part in the request's.
     pub role: Role,
+    /// `counting` as the rule sets it; `None` takes the limiter's default
+    /// (`LimiterOptions::counting`).
+    pub counting: Option<Counting>,
     /// Metrics may carry the runtime values of this descriptor.
     pub detailed_metric: bool,
     /// Per entry depth, whether its runtime value labels metrics
     /// (`value_to_metric` at that level, or `detailed_metric` for all).
     pub metric_values: Vec<bool>,
+    /// What a decision reports about the rule; shared, so a status can carry
+    /// it for the price of a reference count.
+    pub annotations: Arc<Annotations>,
+}
+
+/// What a rule tells callers beyond its limits: where it is, and the
+/// `metadata` of the rules file (passed through to Envoy, never
+/// interpreted).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Annotations {
+    /// The rule's path, `domain/key=value/key…`.
+    pub path: String,
+    /// The rule's `metadata` as JSON (YAML scalars typed as YAML 1.1 plain
+    /// scalars are: `true`, `10`, `~`); `None` without one.
+    pub metadata: Option<serde_json::Value>,
 }
 
 impl Rule {

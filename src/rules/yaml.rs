@@ -68,6 +68,38 @@ impl Node {
             if text.is_empty() || text == "~" || text.eq_ignore_ascii_case("null"))
     }
 
+    /// The node as JSON: maps become objects (keys as their text), lists
+    /// arrays, quoted scalars strings, and plain scalars booleans, integers,
+    /// null or strings as YAML reads them (`true`, `10`, `~`, anything else).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value;
+        match &self.kind {
+            Kind::Scalar { text, quoted: true } => Value::String(text.clone()),
+            Kind::Scalar { .. } if self.is_null() => Value::Null,
+            Kind::Scalar { text, .. } => match text.as_str() {
+                "true" | "True" | "TRUE" => Value::Bool(true),
+                "false" | "False" | "FALSE" => Value::Bool(false),
+                _ => text
+                    .parse::<i64>()
+                    .map(Value::from)
+                    .unwrap_or_else(|_| Value::String(text.clone())),
+            },
+            Kind::Seq(items) => Value::Array(items.iter().map(Node::to_json).collect()),
+            Kind::Map(pairs) => Value::Object(
+                pairs
+                    .iter()
+                    .map(|(key, value)| {
+                        let key = match &key.kind {
+                            Kind::Scalar { text, .. } => text.clone(),
+                            _ => key.to_json().to_string(),
+                        };
+                        (key, value.to_json())
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
     /// A short name of the node's shape for error messages.
     pub fn shape(&self) -> &'static str {
         match self.kind {

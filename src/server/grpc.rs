@@ -395,7 +395,7 @@ fn not_grpc() -> Response<Body> {
 /// messages of at most `max_request_bytes`.
 pub(crate) fn routes<S: crate::store::CounterStore>(
     limiter: Arc<crate::decision::Limiter<S>>,
-    headers: crate::headers::HeaderMode,
+    response: crate::service::ResponseOptions,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
@@ -419,8 +419,8 @@ pub(crate) fn routes<S: crate::store::CounterStore>(
                     .max_decoding_message_size(max_request_bytes),
             )
             .add_service(
-                pb::RateLimitServiceServer::new(crate::service::RateLimitService::new(
-                    limiter, headers,
+                pb::RateLimitServiceServer::new(crate::service::RateLimitService::with_options(
+                    limiter, response,
                 ))
                 .max_decoding_message_size(max_request_bytes),
             ),

@@ -27,8 +27,10 @@ use foldhash::fast::RandomState;
 use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
-use crate::limiter::{Clock, CounterKey, LimitSpec, Millis, State, admits};
+use super::{Batch, BatchItem, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
+use crate::limiter::{
+    Clock, CounterKey, Counting, Identity, LimitSpec, Millis, State, Window, admits,
+};
 
 /// Counters sampled when a full shard must make room.
 const EVICTION_SAMPLES: usize = 8;
@@ -212,8 +214,13 @@ impl MemoryStore {
                 let (key, shard) = &counters[index];
                 let shard = &mut guards[guard(*shard)];
                 let pending: u64 = batch_hits_before(batch, &counters, index, key);
-                // Saturated, a sum past u64 fits no limit: never wrapped.
-                let wanted = pending.saturating_add(item.hits);
+                // Saturated, a sum past u64 fits no limit: never wrapped. A
+                // refund always fits (it only gives back).
+                let wanted = if item.refund {
+                    0
+                } else {
+                    pending.saturating_add(item.hits)
+                };
                 let (used, fits) = match shard.counters.get_mut(key) {
                     Some(counter) => {
                         let used = counter.state.used(limit, now);
@@ -221,49 +228,78 @@ impl MemoryStore {
                     }
                     None => (0, State::new(limit).fits(limit, now, 0, wanted)),
                 };
-                let over = !fits;
+                // A refund only gives back: never over.
+                let over = !fits && !item.refund;
                 item_over |= over;
                 checked.push((used, pending, over));
                 index += 1;
             }
-            verdicts.push((item.role, item_over));
+            if !item.refund {
+                verdicts.push((item.role, item_over));
+            }
         }
         let admitted = admits(verdicts);
 
-        // Pass 2: count everything, or nothing.
-        let mut limits = Vec::with_capacity(counters.len());
-        let mut index = 0;
-        for item in &batch.items {
-            for limit in &item.limits {
-                let (key, shard) = &counters[index];
-                let shard = &mut *guards[guard(*shard)];
-                let (before, pending, over) = checked[index];
-                let (reset_ms, full_for_ms) = if admitted && item.hits > 0 {
-                    shard.count(key, limit, item.hits, &counters, now, self)
-                } else {
-                    let fresh;
-                    let state = match shard.counters.get(key) {
-                        Some(counter) => &counter.state,
-                        None => {
-                            fresh = State::new(limit);
-                            &fresh
-                        }
+        // Pass 2, in two phases (request order within each, as decide.lua
+        // counts): the debits that stand whatever the request decides
+        // (always-counted ones) and the refunds, then the debits counted
+        // only with an admitted request, everything or nothing.
+        let mut limits = vec![
+            LimitOutcome {
+                used: 0,
+                over: false,
+                reset_ms: 0,
+                full_for_ms: 0,
+            };
+            counters.len()
+        ];
+        let standing = |item: &BatchItem| item.refund || item.counting == Counting::Always;
+        for phase in [true, false] {
+            let mut index = 0;
+            for item in &batch.items {
+                if standing(item) != phase {
+                    index += item.limits.len();
+                    continue;
+                }
+                for limit in &item.limits {
+                    let (key, shard) = &counters[index];
+                    let shard = &mut *guards[guard(*shard)];
+                    let (before, pending, over) = checked[index];
+                    let counted = item.counted(admitted);
+                    let mut refunded = None;
+                    let (reset_ms, full_for_ms) = if counted {
+                        shard.count(key, limit, item.hits, &counters, now, self)
+                    } else if item.refund {
+                        let (used, reset, full) = shard.refund(key, limit, item.hits, now);
+                        refunded = Some(used);
+                        (reset, full)
+                    } else {
+                        let fresh;
+                        let state = match shard.counters.get(key) {
+                            Some(counter) => &counter.state,
+                            None => {
+                                fresh = State::new(limit);
+                                &fresh
+                            }
+                        };
+                        (state.reset_ms(limit, now), state.full_for(limit, now))
                     };
-                    (state.reset_ms(limit, now), state.full_for(limit, now))
-                };
-                let used = counted_used(admitted, before, pending, item.hits);
-                limits.push(LimitOutcome {
-                    used,
-                    over,
-                    reset_ms,
-                    full_for_ms,
-                });
-                index += 1;
+                    let used = refunded.unwrap_or_else(|| {
+                        counted_used(item.reports_counted(admitted), before, pending, item.hits)
+                    });
+                    limits[index] = LimitOutcome {
+                        used,
+                        over,
+                        reset_ms,
+                        full_for_ms,
+                    };
+                    index += 1;
+                }
             }
         }
         // Counting may have grown a sliding window or log past the shard's
         // share of the bytes: make room, keeping this request's counters.
-        if admitted {
+        if batch.items.iter().any(|item| item.counted(admitted)) {
             for shard in &mut guards {
                 while shard.bytes > self.per_shard_bytes && shard.evict_one(&counters, now, self) {}
             }
@@ -286,7 +322,7 @@ fn batch_hits_before(
             if i >= index {
                 return sum;
             }
-            if counters[i].0 == *key {
+            if counters[i].0 == *key && !item.refund {
                 sum = sum.saturating_add(item.hits);
             }
             i += 1;
@@ -337,6 +373,32 @@ impl Shard {
         );
         self.bytes = self.bytes - before + bytes;
         answer
+    }
+
+    /// Gives `hits` back to `key` (never below empty; a missing counter has
+    /// nothing to give back) and returns its `used`, `reset_ms` and
+    /// `full_for` after.
+    fn refund(
+        &mut self,
+        key: &CounterKey,
+        limit: &LimitSpec,
+        hits: u64,
+        now: Millis,
+    ) -> (u64, u64, u64) {
+        let Some(counter) = self.counters.get_mut(key) else {
+            let fresh = State::new(limit);
+            return (0, fresh.reset_ms(limit, now), fresh.full_for(limit, now));
+        };
+        counter.state.refund(limit, now, hits);
+        let used = counter.state.used(limit, now);
+        let bytes = counter_bytes(key, &counter.state);
+        let before = std::mem::replace(&mut counter.bytes, bytes);
+        self.bytes = self.bytes - before + bytes;
+        (
+            used,
+            counter.state.reset_ms(limit, now),
+            counter.state.full_for(limit, now),
+        )
     }
 
     /// Removes the least valuable of a few sampled counters, never one of
@@ -396,12 +458,35 @@ impl CounterStore for MemoryStore {
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
         Ok(self.apply_at(batch, self.clock.now()))
     }
+
+    async fn reset(&self, identity: &Identity, windows: &[Window]) -> Result<(), StoreError> {
+        self.forget(identity, windows);
+        Ok(())
+    }
+}
+
+impl MemoryStore {
+    /// Drops the counters of `identity` under `windows`.
+    pub fn forget(&self, identity: &Identity, windows: &[Window]) {
+        for window in windows {
+            let key = CounterKey {
+                identity: identity.clone(),
+                window: *window,
+            };
+            let mut shard = self.shards[self.shard_of(&key)].lock();
+            if let Some(counter) = shard.counters.swap_remove(&key) {
+                shard.bytes -= counter.bytes;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{Algorithm, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
+    use crate::limiter::{
+        Algorithm, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, Window,
+    };
     use crate::store::BatchItem;
 
     const MINUTE: Window = Window {
@@ -432,6 +517,8 @@ mod tests {
             limits: vec![limit],
             hits,
             role: Role::Enforce,
+            counting: Counting::Admitted,
+            refund: false,
         };
         store.apply_at(&Batch { items: vec![item] }, now)
     }
@@ -611,6 +698,8 @@ mod tests {
             }],
             hits: 1,
             role: Role::Enforce,
+            counting: Counting::Admitted,
+            refund: false,
         };
         assert!(!store.apply_at(&Batch { items: vec![item] }, 0).admitted);
         assert!(store.is_empty());

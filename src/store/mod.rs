@@ -16,7 +16,7 @@ pub use redis::{
 use std::future::Future;
 use std::time::Duration;
 
-use crate::limiter::{Identity, LimitSpec, MAX_HITS, Role};
+use crate::limiter::{Counting, Identity, LimitSpec, MAX_HITS, Role, Window};
 
 /// Everything one request asks of the store.
 #[derive(Clone, Debug, Default)]
@@ -36,6 +36,30 @@ pub struct BatchItem {
     pub hits: u64,
     /// How this descriptor's verdict takes part in the request's.
     pub role: Role,
+    /// Whether the weight is counted only when the request is admitted, or
+    /// always (even when it does not fit).
+    pub counting: Counting,
+    /// A refund (Envoy's `is_negative_hits`): `hits` are given back to every
+    /// limit, never below empty, whatever the rest of the request decides.
+    /// A refund is never over limit and takes no part in admission.
+    pub refund: bool,
+}
+
+impl BatchItem {
+    /// Whether this item's weight is counted, given whether the request was
+    /// admitted: an admitted-counting debit only with its request, an
+    /// always-counting one whatever the request decides. Refunds are not
+    /// counted (they are given back).
+    pub fn counted(&self, admitted: bool) -> bool {
+        self.hits > 0 && self.reports_counted(admitted)
+    }
+
+    /// Whether the `used` reported for this item includes its weight (and
+    /// the earlier weights of the request on the same counter): when its
+    /// weight was (or, being 0, would have been) counted.
+    pub(crate) fn reports_counted(&self, admitted: bool) -> bool {
+        !self.refund && (admitted || self.counting == Counting::Always)
+    }
 }
 
 /// What the store decided for one limit.
@@ -117,6 +141,22 @@ pub trait CounterStore: Send + Sync + 'static {
     /// counts every one of them, atomically.
     fn apply(&self, batch: &Batch)
     -> impl Future<Output = Result<BatchOutcome, StoreError>> + Send;
+
+    /// Forgets the counters of `identity` under `windows` (the admin
+    /// `DELETE /counters`): its next request starts from empty. Outside the
+    /// request path; a store that cannot do it says so.
+    fn reset(
+        &self,
+        identity: &Identity,
+        windows: &[Window],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (identity, windows);
+        async {
+            Err(StoreError::Unavailable(
+                "this counter store cannot reset counters".into(),
+            ))
+        }
+    }
 
     /// Whether the store can take requests now (for readiness probes).
     fn is_ready(&self) -> bool {

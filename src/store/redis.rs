@@ -51,10 +51,11 @@ pub use self::url::RedisUrl;
 use self::url::parse_url;
 use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
 use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
-use crate::limiter::{Clock, LimitSpec, Role, admits};
+use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
 
 const DECIDE: &str = include_str!("redis/decide.lua");
 const REFUND: &str = include_str!("redis/refund.lua");
+const RESET: &str = include_str!("redis/reset.lua");
 
 /// How long a call that timed out is still awaited, to refund what it
 /// counted.
@@ -269,9 +270,14 @@ impl RedisStore {
         for &i in items {
             let item = &batch.items[i];
             let role = match item.role {
+                _ if item.refund => 3,
                 Role::Enforce => 0,
                 Role::Shadow => 1,
                 Role::Quota => 2,
+            } + if item.counting == Counting::Always && !item.refund {
+                4
+            } else {
+                0
             };
             args.extend([
                 Value::from(role),
@@ -602,6 +608,22 @@ impl CounterStore for RedisStore {
         }
     }
 
+    /// One script call deleting the identity's HASH, on the node that owns
+    /// it (the windows share that HASH).
+    async fn reset(&self, identity: &Identity, _windows: &[Window]) -> Result<(), StoreError> {
+        let key = identity.storage_key(&self.prefix);
+        self.shared
+            .clone()
+            .send(
+                Script::from_lua(RESET),
+                vec![key],
+                Vec::new(),
+                Guard::Breaker,
+            )
+            .await
+            .map(drop)
+    }
+
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
         let keys: Vec<String> = batch
             .items
@@ -634,9 +656,9 @@ impl CounterStore for RedisStore {
             let limits = batch
                 .items
                 .iter()
-                .flat_map(|item| item.limits.iter().map(move |_| item.hits))
+                .flat_map(|item| item.limits.iter().map(move |_| item))
                 .zip(answers.by_ref())
-                .map(|(hits, answer)| answer.outcome(admitted, hits))
+                .map(|(item, answer)| answer.outcome(item, admitted))
                 .collect();
             return Ok(BatchOutcome { admitted, limits });
         }
@@ -665,17 +687,29 @@ impl CounterStore for RedisStore {
             }
         }
         let admitted = error.is_none()
-            && admits(batch.items.iter().zip(&per_item).map(|(item, outcome)| {
-                let over = outcome
-                    .as_ref()
-                    .is_some_and(|(limits, _)| limits.iter().any(|a| a.over));
-                (item.role, over)
-            }));
+            && admits(
+                batch
+                    .items
+                    .iter()
+                    .zip(&per_item)
+                    .filter(|(item, _)| !item.refund)
+                    .map(|(item, outcome)| {
+                        let over = outcome
+                            .as_ref()
+                            .is_some_and(|(limits, _)| limits.iter().any(|a| a.over));
+                        (item.role, over)
+                    }),
+            );
         if !admitted {
             let parts = per_item
                 .iter()
                 .enumerate()
                 .filter_map(|(i, outcome)| match outcome {
+                    // Refunds and always-counted debits stand whatever the
+                    // request decides.
+                    _ if batch.items[i].refund || batch.items[i].counting == Counting::Always => {
+                        None
+                    }
                     Some((answers, true)) => Some((
                         Owed {
                             key: keys[i].clone(),
@@ -702,9 +736,7 @@ impl CounterStore for RedisStore {
             .flat_map(|(item, outcome)| {
                 let (limits, _) = outcome.expect("every group answered");
                 // A refunded part reports the counter as it stands again.
-                limits
-                    .into_iter()
-                    .map(move |a| a.outcome(admitted, item.hits))
+                limits.into_iter().map(move |a| a.outcome(item, admitted))
             })
             .collect();
         Ok(BatchOutcome { admitted, limits })

@@ -178,22 +178,29 @@ enum Series {
 }
 
 impl LimitEvent {
-    /// The series this event adds its hits to.
-    fn series(self, near_limit_ratio: f64, mut add: impl FnMut(Series)) {
-        add(Series::Hits);
+    /// The series this event adds to, and how much: every series the whole
+    /// weight, except near-limit, which counts only the hits that took the
+    /// counter above the near-limit threshold, `floor(capacity × ratio)`
+    /// (envoyproxy/ratelimit's accounting: with a limit of 2 and the
+    /// default 0.8 the threshold is 1, so the first hit is not near and the
+    /// second is; a weight of 7 taking a limit of 20 from 10 to 17 has one
+    /// hit above 16).
+    fn series(self, near_limit_ratio: f64, mut add: impl FnMut(Series, u64)) {
+        add(Series::Hits, self.hits);
         if self.admitted {
-            add(Series::Admitted);
+            add(Series::Admitted, self.hits);
             let near = (near_limit_ratio * self.capacity as f64).floor() as u64;
-            if !self.over && self.hits > 0 && self.used >= near.max(1) {
-                add(Series::NearLimit);
+            if !self.over && self.hits > 0 && self.used > near {
+                add(Series::NearLimit, self.hits.min(self.used - near));
             }
         }
         if self.over {
-            add(if self.shadow {
+            let series = if self.shadow {
                 Series::ShadowMode
             } else {
                 Series::OverLimit
-            });
+            };
+            add(series, self.hits);
         }
     }
 }
@@ -201,7 +208,7 @@ impl LimitEvent {
 impl LimitCounters {
     /// Counts what the limit did in one decision.
     pub fn record(&self, event: LimitEvent) {
-        event.series(self.near_limit_ratio, |series| {
+        event.series(self.near_limit_ratio, |series, hits| {
             let counter = match series {
                 Series::Hits => &self.hits,
                 Series::Admitted => &self.admitted,
@@ -209,7 +216,7 @@ impl LimitCounters {
                 Series::OverLimit => &self.over_limit,
                 Series::ShadowMode => &self.shadow_mode,
             };
-            add_hits(counter, event.hits);
+            add_hits(counter, hits);
         });
     }
 }
@@ -427,7 +434,7 @@ impl Metrics {
     /// event touches (the path of runtime-labelled limits, whose label sets
     /// are many).
     pub fn record_limit(&self, labels: &LimitLabels, event: LimitEvent) {
-        event.series(self.config.near_limit_ratio, |series| {
+        event.series(self.config.near_limit_ratio, |series, hits| {
             let family = match series {
                 Series::Hits => &self.hits,
                 Series::Admitted => &self.admitted,
@@ -435,7 +442,7 @@ impl Metrics {
                 Series::OverLimit => &self.over_limit,
                 Series::ShadowMode => &self.shadow_mode,
             };
-            add_hits(&family.get_or_create(labels), event.hits);
+            add_hits(&family.get_or_create(labels), hits);
         });
     }
 
@@ -607,7 +614,9 @@ mod tests {
         for line in [
             r#"sluice_hits_total{domain="d",limit="per-ip",descriptor=""} 6"#,
             r#"sluice_admitted_total{domain="d",limit="per-ip",descriptor=""} 3"#,
-            r#"sluice_near_limit_total{domain="d",limit="per-ip",descriptor=""} 3"#,
+            // Threshold floor(10 × 0.8) = 8; the counter went 6 → 9: one
+            // hit above it.
+            r#"sluice_near_limit_total{domain="d",limit="per-ip",descriptor=""} 1"#,
             r#"sluice_over_limit_total{domain="d",limit="per-ip",descriptor=""} 3"#,
             r#"sluice_requests_total{code="OK"} 1"#,
             "sluice_request_duration_seconds_count 1",
@@ -695,5 +704,38 @@ mod tests {
             )),
             "{text}"
         );
+    }
+
+    #[test]
+    fn near_limit_counts_only_hits_above_the_threshold_as_upstream_does() {
+        let m = Metrics::default();
+        let event = |limit: &str, hits, used, capacity| {
+            m.record_limit(
+                &labels(limit, ""),
+                LimitEvent {
+                    hits,
+                    admitted: true,
+                    over: false,
+                    shadow: false,
+                    used,
+                    capacity,
+                },
+            )
+        };
+        // Limit 2, ratio 0.8: threshold 1. The first hit is not near.
+        event("two", 1, 1, 2);
+        // The second is.
+        event("two", 1, 2, 2);
+        // Limit 20: threshold 16; 7 hits taking it 10 → 17: one is near.
+        event("twenty", 7, 17, 20);
+        // Then 3 hits from 17 to 20: all three.
+        event("twenty", 3, 20, 20);
+        let text = m.encode();
+        for line in [
+            r#"sluice_near_limit_total{domain="d",limit="two",descriptor=""} 1"#,
+            r#"sluice_near_limit_total{domain="d",limit="twenty",descriptor=""} 4"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
     }
 }

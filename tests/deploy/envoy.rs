@@ -11,7 +11,7 @@ pub(crate) const SAMPLE_CLIENT: &str = "192.0.2.7";
 
 pub(crate) fn sample_header(name: &str, path: &str) -> String {
     match name {
-        ":path" => path.to_owned(),
+        ":path" | "x-sluice-path" => path.to_owned(),
         "x-api-key" => "key-1".into(),
         "x-tenant" => "acme".into(),
         "x-user" => "alice".into(),
@@ -306,7 +306,9 @@ fn the_istio_filter_calls_the_sluice_service_and_limits_example_descriptors() {
         port["port"]
     );
 
-    let http_filters: Vec<&Value> = patches(&filter, "HTTP_FILTER").collect();
+    let http_filters: Vec<&Value> = patches(&filter, "HTTP_FILTER")
+        .filter(|p| p["patch"]["value"]["name"] == "envoy.filters.http.ratelimit")
+        .collect();
     assert_eq!(http_filters.len(), 1);
     let patch = http_filters[0];
     assert_eq!(patch["patch"]["operation"], "INSERT_BEFORE");
@@ -322,9 +324,10 @@ fn the_istio_filter_calls_the_sluice_service_and_limits_example_descriptors() {
     for route in patches(&filter, "HTTP_ROUTE") {
         assert_eq!(&route["match"]["context"], context);
         assert_eq!(route["patch"]["operation"], "MERGE");
+        // A path under /static/, where every descriptor has a rule.
         produced.extend(descriptors(
             &route["patch"]["value"]["route"]["rate_limits"],
-            "/sample",
+            "/static/sample",
         ));
     }
     for vhost in patches(&filter, "VIRTUAL_HOST") {
@@ -335,6 +338,20 @@ fn the_istio_filter_calls_the_sluice_service_and_limits_example_descriptors() {
         ));
     }
     assert_limited(&domain, &produced, "istio");
+
+    // The same active health checks as the front proxy's.
+    let clusters: Vec<&Value> = patches(&filter, "CLUSTER").collect();
+    assert_eq!(clusters.len(), 1, "a CLUSTER patch with health checks");
+    assert_eq!(
+        clusters[0]["match"]["cluster"]["portNumber"], port["port"],
+        "the health-checked cluster is Sluice's gRPC port"
+    );
+    let checks = &clusters[0]["patch"]["value"]["health_checks"];
+    assert_eq!(
+        checks[0]["grpc_health_check"]["service_name"],
+        "envoy.service.ratelimit.v3.RateLimitService"
+    );
+    assert!(checks[0]["no_traffic_interval"].is_string(), "{checks}");
 }
 
 pub(crate) fn envoy_validates(envoy: &Path, config: &Path) {
@@ -361,7 +378,10 @@ fn envoy_accepts_the_front_proxy_and_the_istio_patches() {
     // place of ours, its route actions on every route, its cluster name.
     let istio = istio_filter();
     let mut config = envoy_config();
-    let filter = patches(&istio, "HTTP_FILTER").next().unwrap()["patch"]["value"].clone();
+    let filter = patches(&istio, "HTTP_FILTER")
+        .find(|p| p["patch"]["value"]["name"] == "envoy.filters.http.ratelimit")
+        .unwrap()["patch"]["value"]
+        .clone();
     let cluster =
         filter["typed_config"]["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"]
             .clone();
@@ -451,10 +471,12 @@ fn envoy_limits_requests_through_sluice_end_to_end() {
         listener["address"]["socket_address"] =
             json!({"address": "127.0.0.1", "port_value": listen});
     }
-    let failure_mode_deny =
-        connection_managers(&config)[0]["http_filters"][0]["typed_config"]["failure_mode_deny"]
-            .as_bool()
-            .unwrap();
+    let failure_mode_deny = list(&connection_managers(&config)[0]["http_filters"])
+        .iter()
+        .find(|f| f["name"] == "envoy.filters.http.ratelimit")
+        .expect("the rate-limit filter")["typed_config"]["failure_mode_deny"]
+        .as_bool()
+        .unwrap();
     for cluster in config["static_resources"]["clusters"]
         .as_array_mut()
         .unwrap()

@@ -151,6 +151,16 @@ impl Server {
         options: server::ServeOptions,
         clock: Arc<ManualClock>,
     ) -> Self {
+        Self::start_with_extras(limiter, options, server::ServeExtras::default(), clock).await
+    }
+
+    /// Starts a server over a ready-made limiter with `options` and `extras`.
+    pub async fn start_with_extras<S: CounterStore>(
+        limiter: Arc<Limiter<S>>,
+        options: server::ServeOptions,
+        extras: server::ServeExtras,
+        clock: Arc<ManualClock>,
+    ) -> Self {
         let listeners = Listeners::bind(([127, 0, 0, 1], 0).into(), ([127, 0, 0, 1], 0).into())
             .await
             .expect("bind loopback");
@@ -159,7 +169,13 @@ impl Server {
             listeners.http_addr().unwrap(),
         );
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(server::run(limiter, options, listeners, shutdown.clone()));
+        let task = tokio::spawn(server::run_with(
+            limiter,
+            options,
+            extras,
+            listeners,
+            shutdown.clone(),
+        ));
         Self {
             grpc,
             http,

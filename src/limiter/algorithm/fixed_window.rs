@@ -54,6 +54,13 @@ impl FixedWindow {
     }
 
     /// Until the end of the window containing `now`.
+    /// Gives back up to `hits` of the current window's count (never below
+    /// empty); hits of an earlier window are gone already.
+    pub fn refund(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
+        self.roll(spec, now);
+        self.hits = self.hits.saturating_sub(hits);
+    }
+
     pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
         let (now, d) = (signed(now), duration(&spec.window));
         unsigned((now.div_euclid(d) + 1) * d - now)

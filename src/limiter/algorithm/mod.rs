@@ -39,6 +39,11 @@ pub enum Algorithm {
     },
     /// Exact: one entry per admitted hit within the window.
     SlidingLog,
+    /// At most `requests` in flight: each hit takes a slot held for the
+    /// window's length (the lease) unless a refund (`is_negative_hits`)
+    /// releases it first. Counted as a sliding log whose window is the lease,
+    /// so a lost release frees its slot when the lease ends.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -49,6 +54,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::TokenBucket { .. } => "token_bucket",
             Algorithm::SlidingLog => "sliding_log",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }
@@ -84,7 +90,7 @@ impl State {
             Algorithm::SlidingWindow { .. } => State::Sliding(SlidingWindow::default()),
             Algorithm::FixedWindow => State::Fixed(FixedWindow::default()),
             Algorithm::TokenBucket { .. } => State::Bucket(TokenBucket::default()),
-            Algorithm::SlidingLog => State::Log(SlidingLog::default()),
+            Algorithm::SlidingLog | Algorithm::Concurrency => State::Log(SlidingLog::default()),
         }
     }
 
@@ -116,6 +122,18 @@ impl State {
             State::Fixed(s) => s.add(spec, now, hits),
             State::Bucket(s) => s.add(spec, now, hits),
             State::Log(s) => s.add(spec, now, hits),
+        }
+    }
+
+    /// Gives back up to `hits` at `now`, never below empty (a refund: an
+    /// Envoy `is_negative_hits` descriptor). Windows and logs take back
+    /// their newest hits first; a token bucket gets the tokens back.
+    pub fn refund(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
+        match self {
+            State::Sliding(s) => s.refund(spec, now, hits),
+            State::Fixed(s) => s.refund(spec, now, hits),
+            State::Bucket(s) => s.refund(spec, now, hits),
+            State::Log(s) => s.refund(spec, now, hits),
         }
     }
 

@@ -49,10 +49,13 @@ impl TokenBucket {
 
     /// Whether `hits` more tokens are available at `now`.
     pub fn fits(&self, spec: &LimitSpec, now: Millis, hits: u64) -> bool {
-        if hits == 0 {
-            return true;
-        }
         let (interval, burst) = (spec.window.duration_ms, spec.capacity());
+        if hits == 0 {
+            // A check: refused only while the bucket is in debt past its
+            // burst (an always-counted or shadow debit that did not fit).
+            return spec.requests == 0
+                || self.ahead(spec.requests, now) <= burst.saturating_mul(interval);
+        }
         if spec.requests == 0 || hits > burst {
             return false;
         }
@@ -86,6 +89,24 @@ impl TokenBucket {
     }
 
     /// Until one more token is available (0 when the bucket is full).
+    /// Gives back up to `hits` tokens: the arrival time moves back by
+    /// `hits` intervals, never before `now` (a full bucket stays full).
+    pub fn refund(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
+        let (requests, interval) = (spec.requests, spec.window.duration_ms);
+        if requests == 0 || hits == 0 {
+            return;
+        }
+        let ahead = self.ahead(requests, now);
+        let back = hits.saturating_mul(interval);
+        if back >= ahead {
+            (self.base_ms, self.ticks) = (now, 0);
+            return;
+        }
+        let left = ahead - back;
+        self.base_ms = now + left / requests;
+        self.ticks = left % requests;
+    }
+
     pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
         let interval = spec.window.duration_ms;
         let ahead = if spec.requests == 0 {

@@ -13,16 +13,19 @@ ARGV[2]   "all":  every item of the request is in this call; admission is
           "part": Redis Cluster, the request spans several slots; this part
                   is counted when none of its enforcing items is over, and
                   the caller decides overall (and refunds what it must).
-Then, per item, in KEYS order: role (0 enforce, 1 shadow, 2 quota), hits,
-number of limits; and per limit: requests, duration_ms, algorithm, param:
+Then, per item, in KEYS order: role (0 enforce, 1 shadow, 2 quota; plus 4
+when the item counts always, even when the request or the item is refused;
+3 for a refund, whose hits are given back), hits, number of limits; and per limit: requests, duration_ms, algorithm, param:
   0 sliding_window  param = precision_ms
   1 fixed_window    param = 0
   2 token_bucket    param = burst
-  3 sliding_log     param = 0
+  3 sliding_log     param = 0; 1 for concurrency (a log of leased slots,
+                    window = lease, fields "D:c:…")
 
 Reply: { applied (1|0), now, then per limit:
                   used, pending, over, reset_before, reset_after, full_before, full_after, slot }
-  used     how much of the limit is in use before this request
+  used     how much of the limit is in use before this request (after it,
+           for a refund, whose pending is then 0)
   pending  hits of earlier limits of this request on the same counter
   over     1 if this limit's hits (with the pending ones) do not fit
     reset_*  ms until headroom next grows, before this request and after it
@@ -144,7 +147,8 @@ local function sweep(key, f, t, o, n, oldest, del)
   for k, name in ipairs(names) do
     local c = tonumber(counts[k])
     if c then
-      if o + k - 1 < oldest then
+      if o + k - 1 < oldest or (c == 0 and not first) then
+        -- Gone from the window, or emptied by a refund.
         t = t - c
         del[#del + 1] = name
       elseif not first then
@@ -185,6 +189,10 @@ local function fast()
         return nil
       end
       keys_seen[key] = true
+    end
+    -- Always-counting items and refunds take the general path.
+    if ARGV[a] > '2' then
+      return nil
     end
     local count = tonumber(ARGV[a + 2])
     local fields, nf = { 'x', false, false, false, false, false }, 1
@@ -401,7 +409,9 @@ end
 local items, limits, states, a = {}, {}, {}, 3
 for i = 1, #KEYS do
   local k = key_state(KEYS[i])
-  local item = { k = k, role = tonumber(ARGV[a]), hits = tonumber(ARGV[a + 1]), limits = {} }
+  local code = tonumber(ARGV[a])
+  local item = { k = k, role = code % 4, always = code >= 4, refund = code == 3,
+    hits = tonumber(ARGV[a + 1]), limits = {} }
   local count = tonumber(ARGV[a + 2])
   a = a + 3
   for _ = 1, count do
@@ -421,7 +431,7 @@ for i = 1, #KEYS do
     elseif l.alg == 2 then
       f = l.d .. ':b' .. l.param .. ':'
     else
-      f = l.d .. ':l:'
+      f = l.d .. (l.param == 1 and ':c:' or ':l:')
     end
     local id = KEYS[i] .. '\n' .. f
     local st = states[id]
@@ -490,6 +500,22 @@ end
 -- Entries still in the window, without the oldest hits beyond the limit
 -- (only shadow or quota mode log beyond it). Trimmed here, not when adding,
 -- so that refund.lua can take back exactly what an add put in.
+-- Forgets the oldest hits beyond the limit.
+local function log_trim(st)
+  while st.total > st.requests and #st.times > 0 do
+    local excess = st.total - st.requests
+    st.dirty = true
+    if st.hits[1] <= excess then
+      st.total = st.total - st.hits[1]
+      table.remove(st.times, 1)
+      table.remove(st.hits, 1)
+    else
+      st.hits[1] = st.hits[1] - excess
+      st.total = st.total - excess
+    end
+  end
+end
+
 local function log_parse(st)
   st.times, st.hits, st.total = {}, {}, 0
   if st.raw then
@@ -505,18 +531,7 @@ local function log_parse(st)
       end
     end
   end
-  while st.total > st.requests and #st.times > 0 do
-    local excess = st.total - st.requests
-    st.dirty = true
-    if st.hits[1] <= excess then
-      st.total = st.total - st.hits[1]
-      table.remove(st.times, 1)
-      table.remove(st.hits, 1)
-    else
-      st.hits[1] = st.hits[1] - excess
-      st.total = st.total - excess
-    end
-  end
+  log_trim(st)
   return st.total
 end
 
@@ -556,7 +571,8 @@ local function fits(l, hits)
   local st = l.st
   if st.alg == 2 then
     if hits == 0 then
-      return true
+      -- A check: refused only while in debt past the burst.
+      return l.requests == 0 or ahead(l) <= st.param * l.d
     end
     if l.requests == 0 or hits > st.param then
       return false
@@ -579,11 +595,17 @@ for _, item in ipairs(items) do
       l.used = st.used
     end
     l.pending = st.pending
-    l.over = not fits(l, st.pending + item.hits)
-    st.pending = st.pending + item.hits
+    if item.refund then
+      l.over = false -- a refund only gives back
+    else
+      l.over = not fits(l, st.pending + item.hits)
+      st.pending = st.pending + item.hits
+    end
     item_over = item_over or l.over
   end
-  if item.role == 0 then
+  if item.refund then
+    -- takes no part in admission
+  elseif item.role == 0 then
     enforce_over = enforce_over or item_over
   elseif item.role == 2 then
     quota_seen = true
@@ -676,6 +698,68 @@ local function add(l, hits)
   end
 end
 
+-- Gives `hits` back, never below empty (an is_negative_hits refund): the
+-- newest buckets or log entries first, the tokens of a bucket, the count of
+-- the current fixed window (see Rust's State::refund).
+local function give(l, hits)
+  local st, k = l.st, l.st.k
+  if st.alg == 0 then
+    local b = st.n
+    while hits > 0 and st.t > 0 and b and b >= st.o do
+      local c = st.buckets[b]
+      if c == nil then
+        c = tonumber(redis.call('HGET', k.key, st.f .. b))
+      end
+      if c and c > 0 then
+        local take = min(c, hits)
+        c, hits, st.t = c - take, hits - take, st.t - take
+        -- Written even when 0 (deletes run before writes and could undo
+        -- an earlier write of this request); an empty bucket counts nothing.
+        st.buckets[b] = c
+        write(k, st.f .. b, c)
+      end
+      b = b - 1
+    end
+    -- A total of 0 is an empty window whatever `o` and `n` say.
+    write(k, st.f .. 't', st.t)
+    local inside = (st.oldest + 1) * st.p - (now - st.d)
+    return sliding_count(st.t, st.o, st.oldest, st.buckets[st.oldest], inside, st.p)
+  elseif st.alg == 1 then
+    st.c = max(st.c - hits, 0)
+    st.w = floor(now / st.d)
+    write(k, st.f .. 'w', st.w)
+    write(k, st.f .. 'c', st.c)
+    return st.c
+  elseif st.alg == 2 then
+    if l.requests == 0 or hits == 0 then
+      return bucket_used(l)
+    end
+    local a, back = ahead(l), hits * l.d
+    if back >= a then
+      st.base, st.ticks = now, 0
+    else
+      local left = a - back
+      local whole = idiv(left, l.requests)
+      st.base, st.ticks = now + whole, left - whole * l.requests
+    end
+    write(k, st.f .. 'a', st.base)
+    write(k, st.f .. 'r', st.ticks)
+    return bucket_used(l)
+  else
+    log_trim(st) -- as Rust's refund reads the log first
+    while hits > 0 and #st.times > 0 do
+      local last = #st.times
+      local take = min(st.hits[last], hits)
+      st.hits[last], hits, st.total = st.hits[last] - take, hits - take, st.total - take
+      if st.hits[last] == 0 then
+        st.times[last], st.hits[last] = nil, nil
+      end
+    end
+    st.dirty = true
+    return st.total
+  end
+end
+
 local function reset(l)
   local st = l.st
   if st.alg == 0 then
@@ -721,20 +805,20 @@ local function full_for(l)
   return 0
 end
 
--- "Before" values matter only for a Cluster part that may be refunded: a
--- whole request reports "after" when counted, and then before == after.
-local reset_before, full_before = {}, {}
-if not whole then
-  for j, l in ipairs(limits) do
-    reset_before[j] = reset(l)
-    full_before[j] = full_for(l)
-  end
+-- Two phases, in request order within each: first the debits that stand
+-- whatever the request decides (always-counted ones) and the refunds, then
+-- the debits counted only with an admitted request. Every store counts in
+-- this order, so a counter shared by both kinds reports the same anywhere.
+local function standing(l)
+  return l.item.refund or l.item.always
 end
 
-local reply = { applied and 1 or 0, now }
-for j, l in ipairs(limits) do
+local slots, reset_after, full_after = {}, {}, {}
+local function settle(j, l)
   local slot, hits = -1, l.item.hits
-  if applied and hits > 0 then
+  if l.item.refund then
+    l.used, l.pending = give(l, hits), 0
+  elseif hits > 0 and (applied or l.item.always) then
     local until_ms
     slot, until_ms = add(l, hits)
     local k = l.st.k
@@ -742,15 +826,42 @@ for j, l in ipairs(limits) do
       k.expiry = until_ms
     end
   end
+  slots[j], reset_after[j], full_after[j] = slot, reset(l), full_for(l)
+end
+
+for j, l in ipairs(limits) do
+  if standing(l) then
+    settle(j, l)
+  end
+end
+-- "Before" values matter only for a Cluster part that may be refunded (it
+-- then stands as after the first phase): a whole request reports "after".
+local reset_before, full_before = {}, {}
+if not whole then
+  for j, l in ipairs(limits) do
+    if standing(l) then
+      reset_before[j], full_before[j] = reset_after[j], full_after[j]
+    else
+      reset_before[j], full_before[j] = reset(l), full_for(l)
+    end
+  end
+end
+for j, l in ipairs(limits) do
+  if not standing(l) then
+    settle(j, l)
+  end
+end
+
+local reply = { applied and 1 or 0, now }
+for j, l in ipairs(limits) do
   reply[#reply + 1] = l.used
   reply[#reply + 1] = l.pending
   reply[#reply + 1] = l.over and 1 or 0
-      local reset_after, full_after = reset(l), full_for(l)
-  reply[#reply + 1] = reset_before[j] or reset_after
-  reply[#reply + 1] = reset_after
-  reply[#reply + 1] = full_before[j] or full_after
-  reply[#reply + 1] = full_after
-  reply[#reply + 1] = slot
+  reply[#reply + 1] = reset_before[j] or reset_after[j]
+  reply[#reply + 1] = reset_after[j]
+  reply[#reply + 1] = full_before[j] or full_after[j]
+  reply[#reply + 1] = full_after[j]
+  reply[#reply + 1] = slots[j]
 end
 
 -- Sliding logs are written once, whatever changed them.

@@ -124,7 +124,7 @@ for i = 1, #KEYS do
         refunded = refunded + 1
       end
     else
-      refunded = refunded + log(key, d .. ':l:', slot, hits)
+      refunded = refunded + log(key, d .. (param == '1' and ':c:' or ':l:'), slot, hits)
     end
   end
 end

@@ -3,8 +3,8 @@
 
 use fred::types::Value;
 
-use crate::limiter::{Algorithm, LimitSpec};
-use crate::store::{LimitOutcome, counted_used};
+use crate::limiter::{Algorithm, Counting, LimitSpec};
+use crate::store::{BatchItem, LimitOutcome, counted_used};
 
 pub(super) fn hits(hits: u64) -> Value {
     Value::from(i64::try_from(hits).unwrap_or(i64::MAX))
@@ -19,6 +19,8 @@ pub(super) fn limit_args(limit: &LimitSpec) -> [Value; 4] {
         Algorithm::FixedWindow => (1, 0),
         Algorithm::TokenBucket { burst } => (2, burst),
         Algorithm::SlidingLog => (3, 0),
+        // A log of leased slots, kept apart from a sliding log of the same length.
+        Algorithm::Concurrency => (3, 1),
     };
     [
         int(limit.requests),
@@ -53,18 +55,27 @@ pub(super) struct Answer {
 }
 
 impl Answer {
-    /// The outcome to report: after the request when it was admitted, the
-    /// counter as it stands otherwise (also for a refunded Cluster part).
-    pub(super) fn outcome(self, admitted: bool, hits: u64) -> LimitOutcome {
+    /// The outcome to report for `item`: after the request when it was
+    /// admitted, the counter as it stands otherwise (also for a refunded
+    /// Cluster part); an always-counted debit and a refund report the
+    /// counter after them whatever the request decided (for a refund, the
+    /// script's `before` is already the value after it).
+    pub(super) fn outcome(self, item: &BatchItem, admitted: bool) -> LimitOutcome {
+        let after = admitted || item.refund || item.counting == Counting::Always;
         LimitOutcome {
-            used: counted_used(admitted, self.before, self.pending, hits),
+            used: counted_used(
+                item.reports_counted(admitted),
+                self.before,
+                self.pending,
+                item.hits,
+            ),
             over: self.over,
-            reset_ms: if admitted {
+            reset_ms: if after {
                 self.reset_after
             } else {
                 self.reset_before
             },
-            full_for_ms: if admitted {
+            full_for_ms: if after {
                 self.full_after
             } else {
                 self.full_before
