@@ -288,3 +288,69 @@ async fn two_replicas_on_one_redis_count_every_mode_exactly() {
 async fn two_replicas_on_a_redis_cluster_count_every_mode_exactly() {
     every_mode_is_exact_under_concurrency(&shared_cluster().url()).await;
 }
+
+mod rules {
+    use sluice::limiter::{Algorithm, Counting};
+    use sluice::request::Entry;
+    use sluice::rules::{Domain, Unit, parse_domain};
+
+    fn load(text: &str) -> Result<Domain, String> {
+        parse_domain("rules/counting.yaml", text.as_bytes()).map_err(|errors| format!("{errors:?}"))
+    }
+
+    fn rule<'d>(domain: &'d Domain, key: &str) -> &'d sluice::rules::Rule {
+        domain
+            .find(&[Entry::new(key, "v")])
+            .expect("a rule matches")
+            .rule
+    }
+
+    #[test]
+    fn the_agreed_syntax_compiles() {
+        let domain = load(super::RULES).expect("the agreed rules load");
+        assert_eq!(rule(&domain, "tokens").counting, Some(Counting::Always));
+        assert_eq!(rule(&domain, "plain").counting, None, "the global default");
+        let inflight = &rule(&domain, "inflight").limits[0];
+        assert_eq!(inflight.spec.window.algorithm, Algorithm::Concurrency);
+        assert_eq!(inflight.spec.window.duration_ms, 30_000, "the lease");
+        assert_eq!((inflight.spec.requests, inflight.unit), (3, Unit::Unknown));
+        let default = &rule(&domain, "inflight_default").limits[0];
+        assert_eq!(default.spec.window.duration_ms, 30_000, "the default lease");
+        let text = "domain: d\ndescriptors:\n  - key: c\n    counting: admitted\n    rate_limit: {algorithm: concurrency, unit: second, requests_per_unit: 2, lease: 5m}\n";
+        let domain = load(text).unwrap();
+        let c = rule(&domain, "c");
+        assert_eq!(c.counting, Some(Counting::Admitted));
+        assert_eq!(c.limits[0].spec.window.duration_ms, 300_000);
+        assert_eq!(c.limits[0].unit, Unit::Second, "a unit is only reported");
+    }
+
+    #[test]
+    fn wrong_counting_and_lease_settings_are_refused_clearly() {
+        for (body, expected) in [
+            (
+                "counting: sometimes\n    rate_limit: {unit: minute, requests_per_unit: 1}",
+                "unknown counting mode `sometimes`",
+            ),
+            (
+                "rate_limit: {unit: minute, requests_per_unit: 1, lease: 5s}",
+                "'lease' applies only to algorithm concurrency",
+            ),
+            (
+                "rate_limit: {algorithm: concurrency, requests_per_unit: 1, lease: 0s}",
+                "invalid lease '0s'",
+            ),
+            (
+                "rate_limit: {algorithm: concurrency, requests_per_unit: 1, lease: soon}",
+                "invalid lease 'soon'",
+            ),
+            (
+                "rate_limit: {algorithm: concurrency, requests_per_unit: 1, precision: 1s}",
+                "'precision' applies only",
+            ),
+        ] {
+            let text = format!("domain: d\ndescriptors:\n  - key: k\n    {body}\n");
+            let error = load(&text).expect_err(&text);
+            assert!(error.contains(expected), "{expected:?} in {error}");
+        }
+    }
+}
