@@ -514,3 +514,42 @@ async fn cached_rejections_keep_their_detailed_metric_label() {
     );
     answers.check().unwrap();
 }
+
+/// A refund that reopens a counter the cache holds full clears the cache's
+/// entry at once: the next request reaches the store and is admitted. A
+/// refund larger than the count leaves the counter empty, not negative.
+async fn refund_reopens<S: CounterStore>(name: &str, pair: Pair<S>) {
+    let one = [("client", "refunded", None)];
+    fill(&pair, &one).await;
+    let hits = cache_hits(&pair.cached);
+    let full = pair.cached.decide(&request("r", &one, 0)).await.unwrap();
+    assert!(!full.admitted, "{name}");
+    assert_eq!(
+        cache_hits(&pair.cached),
+        hits + 1,
+        "{name}: answered from the cache"
+    );
+
+    let mut refund = request("r", &[("client", "refunded", Some(100))], 0);
+    refund.descriptors[0].is_negative_hits = true;
+    assert!(
+        pair.cached.decide(&refund).await.unwrap().admitted,
+        "{name}"
+    );
+    // Reopened, and empty rather than below: exactly 5 fit again.
+    for i in 0..5 {
+        let d = pair.cached.decide(&request("r", &one, 0)).await.unwrap();
+        assert!(d.admitted, "{name}: request {i} after the refund");
+    }
+    let d = pair.cached.decide(&request("r", &one, 0)).await.unwrap();
+    assert!(!d.admitted, "{name}");
+}
+
+#[tokio::test]
+async fn a_refund_reopens_a_counter_the_cache_holds_full() {
+    let clock = Arc::new(ManualClock::new(T0 + 30_000));
+    let memory = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+    refund_reopens("memory", Pair::new(RULES, memory, clock)).await;
+    let clock = Arc::new(ManualClock::new(T0 + 30_000));
+    refund_reopens("redis", redis_pair(clock).await).await;
+}

@@ -453,13 +453,13 @@ async fn an_override_with_an_unknown_unit_is_invalid_argument() {
 }
 
 #[tokio::test]
-async fn negative_hits_are_rejected_rather_than_counted() {
+async fn negative_hits_are_a_refund_not_an_error() {
     let h = Harness::new(RULES);
     let mut req = request("test", &[&[("key2", "a")]]);
     req.descriptors[0].is_negative_hits = true;
-    let err = h.call(req).await.unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().contains("is_negative_hits"));
+    // Refunds were INVALID_ARGUMENT before counting modes (issue 12); now
+    // the weight is given back, never below empty, and the answer is OK.
+    assert_eq!(h.ok(req).await.overall_code, OK);
 }
 
 #[tokio::test]

@@ -723,8 +723,7 @@ impl Compiler<'_> {
         };
         let text = self.string(node, path, "lease")?;
         match parse_duration(&text) {
-            Ok(0) => self.fail(node.line, path, "'lease' must be longer than 0"),
-            Ok(ms) => Some(ms),
+            Ok(ms) => Some(ms.max(1)),
             Err(e) => self.fail(node.line, path, format!("invalid lease '{text}': {e}")),
         }
     }
