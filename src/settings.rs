@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decision::Bounds;
 use crate::headers::HeaderMode;
-use crate::limiter::MAX_HITS;
+use crate::limiter::{Counting, MAX_HITS};
 use crate::store::{MemoryStoreConfig, RedisUrl, TimeSource};
 
 /// Log output format.
@@ -25,336 +25,285 @@ pub enum LogFormat {
     Json,
 }
 
-/// Every setting of `sluice serve`.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
-#[serde(default)]
-pub struct Settings {
-    /// Rules file or directory; `None` serves the built-in example rules.
-    pub rules: Option<PathBuf>,
-    /// gRPC listen address (RLS, health, reflection).
-    pub grpc_addr: SocketAddr,
-    /// Admin HTTP listen address.
-    pub http_addr: SocketAddr,
-    /// Rate-limit headers added to responses.
-    pub response_headers: HeaderMode,
-    /// Log format.
-    pub log_format: LogFormat,
-    /// Log filter, in `tracing` env-filter syntax (e.g. `info`, `sluice=debug`).
-    pub log_level: String,
-    /// Most counters the in-memory store keeps.
-    pub memory_max_keys: usize,
-    /// Most bytes of counters the in-memory store keeps.
-    pub memory_max_bytes: u64,
-    /// Most descriptors in one request.
-    pub max_descriptors: usize,
-    /// Most entries in one descriptor.
-    pub max_entries: usize,
-    /// Longest descriptor key or value, in bytes.
-    pub max_entry_bytes: usize,
-    /// Largest request or descriptor weight; at most [`MAX_HITS`].
-    pub max_hits_addend: u64,
-    /// Redis to keep counters in; `None` keeps them in memory.
-    pub redis_url: Option<RedisUrl>,
-    /// Redis password, kept apart from the URL (e.g. from a Kubernetes
-    /// Secret); replaces any password in `redis_url`.
-    pub redis_password: Option<Secret>,
-    /// Redis connections, used round-robin.
-    pub redis_pool_size: usize,
-    /// Longest wait for Redis per decision, in milliseconds.
-    pub redis_timeout_ms: u64,
-    /// Prefix of every Redis key.
-    pub redis_key_prefix: String,
-    /// Where the Redis scripts take the time from.
-    pub time_source: TimeSource,
-    /// After SIGTERM, how long to keep serving while not ready, in ms.
-    pub shutdown_delay_ms: u64,
-    /// Then, how long in-flight requests may take, in milliseconds.
-    pub shutdown_grace_ms: u64,
-    /// What to answer when the counter store fails.
-    pub on_store_error: crate::decision::StoreErrorPolicy,
-    /// Consecutive store failures that open the circuit breaker.
-    pub breaker_failures: u32,
-    /// How long those failures must have lasted, in milliseconds.
-    pub breaker_min_failing_ms: u64,
-    /// How long the open breaker refuses store calls, in milliseconds.
-    pub breaker_cooldown_ms: u64,
-    /// Share of a limit from which admitted hits count as near the limit.
-    pub near_limit_ratio: f64,
-    /// Most distinct runtime descriptor values used as metric labels.
-    pub metrics_max_descriptors: usize,
-    /// OTLP gRPC endpoint for traces (e.g. `http://otel-collector:4317`);
-    /// `None` exports no traces.
-    pub otlp_endpoint: Option<String>,
-    /// `service.name` of the exported traces.
-    pub service_name: String,
-    /// Entries of the local over-limit cache (Redis only); 0 turns it off.
-    pub local_cache_size: usize,
-    /// Most gRPC connections open at once; more are refused.
-    pub grpc_max_connections: u32,
-    /// Most admin HTTP connections open at once; more are refused.
-    pub http_max_connections: u32,
-    /// How long a new connection (either port) may take to send its
-    /// handshake, in milliseconds.
-    pub handshake_timeout_ms: u64,
-    /// How long a connection (either port) may stay open with no request in
-    /// flight, in milliseconds.
-    pub idle_timeout_ms: u64,
-    /// After this long a gRPC connection is asked to go away (GOAWAY) so
-    /// clients rebalance, in milliseconds; 0 never.
-    pub max_connection_age_ms: u64,
-    /// Then, how long its requests in flight may take, in milliseconds.
-    pub max_connection_age_grace_ms: u64,
-    /// Most streams open at once on one gRPC connection.
-    pub grpc_max_concurrent_streams: u32,
-    /// Largest gRPC request message, in bytes.
-    pub grpc_max_request_bytes: usize,
-    /// How long a request (either port) may take to arrive and be answered,
-    /// in milliseconds.
-    pub request_timeout_ms: u64,
+/// Declares every setting exactly once — name, type, flag type and value
+/// name, default and doc line (plus upstream's env name where one exists) —
+/// and generates from it [`Settings`], its `Default`, the flags
+/// ([`SettingsFlags`], help text with the default in it) and [`DECLARED`],
+/// the table the docs are made from. `SLUICE_<NAME>` environment variables
+/// and settings-file keys are the serde field names of [`Settings`].
+macro_rules! settings {
+    ($(
+        $doc:literal
+        $name:ident : $ty:ty = $default:expr,
+        flag $fty:ty, $value:literal, upstream $upstream:literal;
+    )*) => {
+        /// Every setting of `sluice serve`.
+        #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+        #[serde(default)]
+        pub struct Settings {
+            $(
+                #[doc = $doc]
+                pub $name: $ty,
+            )*
+        }
+
+        impl Default for Settings {
+            fn default() -> Self {
+                Self { $($name: $default,)* }
+            }
+        }
+
+        /// Flags of `sluice serve` that override settings; unset flags
+        /// leave the value from the file, the environment or the default.
+        #[derive(Clone, Debug, Default, clap::Args, Serialize)]
+        pub struct SettingsFlags {
+            $(
+                #[doc = $doc]
+                #[arg(long, value_name = $value, help = flag_help($doc, stringify!($name)))]
+                #[serde(skip_serializing_if = "Option::is_none")]
+                pub $name: Option<$fty>,
+            )*
+        }
+
+        /// Every setting, in declaration order.
+        pub const DECLARED: &[Declared] = &[$(
+            Declared {
+                name: stringify!($name),
+                value: $value,
+                doc: $doc,
+                upstream: $upstream,
+            },
+        )*];
+    };
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        let bounds = Bounds::default();
-        let serve = crate::server::ServeOptions::default();
-        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        Self {
-            rules: None,
-            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
-            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
-            response_headers: HeaderMode::Off,
-            log_format: LogFormat::Human,
-            log_level: "info".into(),
-            memory_max_keys: MemoryStoreConfig::default().max_keys,
-            memory_max_bytes: MemoryStoreConfig::default().max_bytes,
-            max_descriptors: bounds.max_descriptors,
-            max_entries: bounds.max_entries,
-            max_entry_bytes: bounds.max_entry_bytes,
-            max_hits_addend: bounds.max_hits_addend,
-            redis_url: None,
-            redis_password: None,
-            redis_pool_size: 4,
-            redis_timeout_ms: 40,
-            redis_key_prefix: "sluice:".into(),
-            time_source: TimeSource::Redis,
-            shutdown_delay_ms: 0,
-            shutdown_grace_ms: 10_000,
-            on_store_error: crate::decision::StoreErrorPolicy::Unavailable,
-            breaker_failures: 5,
-            breaker_min_failing_ms: 500,
-            breaker_cooldown_ms: 1_000,
-            near_limit_ratio: 0.8,
-            metrics_max_descriptors: 1_000,
-            otlp_endpoint: None,
-            service_name: "sluice".into(),
-            local_cache_size: 100_000,
-            grpc_max_connections: serve.grpc_connections.max_connections,
-            http_max_connections: serve.http_connections.max_connections,
-            handshake_timeout_ms: millis(serve.grpc_connections.handshake_timeout),
-            idle_timeout_ms: millis(serve.grpc_connections.idle_timeout),
-            max_connection_age_ms: 1_800_000,
-            max_connection_age_grace_ms: millis(serve.grpc_connections.max_age_grace),
-            grpc_max_concurrent_streams: serve.grpc.max_concurrent_streams,
-            grpc_max_request_bytes: serve.grpc.max_request_bytes,
-            request_timeout_ms: millis(serve.grpc.request_timeout),
+/// One declared setting, as the docs show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Declared {
+    /// The field name (and settings-file key).
+    pub name: &'static str,
+    /// What the flag's value is (`N`, `MS`, `ADDR`…).
+    pub value: &'static str,
+    /// The doc line.
+    pub doc: &'static str,
+    /// envoyproxy/ratelimit's environment variable for it, or "".
+    pub upstream: &'static str,
+}
+
+impl Declared {
+    /// Its command-line flag.
+    pub fn flag(&self) -> String {
+        format!("--{}", self.name.replace('_', "-"))
+    }
+
+    /// Its environment variable.
+    pub fn env(&self) -> String {
+        format!("SLUICE_{}", self.name.to_ascii_uppercase())
+    }
+
+    /// Its default, as the docs show it (`none` for an unset option).
+    pub fn default_text(&self) -> String {
+        let defaults = serde_json::to_value(Settings::default()).unwrap_or_default();
+        match defaults.get(self.name) {
+            None | Some(serde_json::Value::Null) => "none".into(),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
         }
     }
 }
 
-/// Flags of `sluice serve` that override settings; unset flags leave the
-/// value from the file, the environment or the default.
-#[derive(Clone, Debug, Default, clap::Args, Serialize)]
-pub struct SettingsFlags {
-    /// Rules file, or directory of rules files [default: the built-in example rules]
-    #[arg(long, value_name = "PATH")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rules: Option<PathBuf>,
-    /// gRPC listen address [default: 0.0.0.0:8081]
-    #[arg(long, value_name = "ADDR")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grpc_addr: Option<SocketAddr>,
-    /// Admin HTTP listen address [default: 0.0.0.0:8080]
-    #[arg(long, value_name = "ADDR")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub http_addr: Option<SocketAddr>,
-    /// Rate-limit headers to add to responses [default: off]
-    #[arg(long, value_enum, value_name = "MODE")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub response_headers: Option<HeaderMode>,
-    /// Log format [default: human]
-    #[arg(long, value_enum, value_name = "FORMAT")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_format: Option<LogFormat>,
-    /// Log filter, e.g. info or sluice=debug [default: info]
-    #[arg(long, value_name = "FILTER")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_level: Option<String>,
-    /// Most counters the in-memory store keeps
-    #[arg(long, value_name = "N", help = format!(
-        "Most counters the in-memory store keeps [default: {}]",
-        MemoryStoreConfig::default().max_keys
-    ))]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory_max_keys: Option<usize>,
-    /// Most bytes of counters the in-memory store keeps
-    #[arg(long, value_name = "BYTES", help = format!(
-        "Most bytes of counters the in-memory store keeps [default: {}]",
-        MemoryStoreConfig::default().max_bytes
-    ))]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory_max_bytes: Option<u64>,
-    /// Most descriptors in one request [default: 64]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_descriptors: Option<usize>,
-    /// Most entries in one descriptor [default: 32]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_entries: Option<usize>,
-    /// Longest descriptor key or value in bytes [default: 16384]
-    #[arg(long, value_name = "BYTES")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_entry_bytes: Option<usize>,
-    /// Largest request or descriptor weight, at most 9007199254740991 (2^53 - 1) [default: 1000000000]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_hits_addend: Option<u64>,
-    /// Keep counters in Redis: redis://[user:pass@]host:port[/db], rediss://… (TLS),
-    /// redis-cluster://host:port[,host:port…], redis-sentinel://host:port[,…]/service
-    /// [default: none, counters in memory]
-    #[arg(long, value_name = "URL")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_url: Option<String>,
-    /// Redis password (AUTH, or the password of the user named in the URL);
-    /// replaces any password in the URL. Prefer SLUICE_REDIS_PASSWORD: a
-    /// flag shows in the process list [default: none]
-    #[arg(long, value_name = "PASSWORD")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_password: Option<String>,
-    /// Redis connections, used round-robin [default: 4]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_pool_size: Option<usize>,
-    /// Longest wait for Redis per decision, in milliseconds; past it the request
-    /// fails UNAVAILABLE (what it counted after all is refunded) [default: 40]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_timeout_ms: Option<u64>,
-    /// Prefix of every Redis key [default: sluice:]
-    #[arg(long, value_name = "PREFIX")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_key_prefix: Option<String>,
-    /// Clock of the Redis scripts: redis (Redis TIME, one clock for all replicas)
-    /// or local (this process's clock) [default: redis]
-    #[arg(long, value_enum, value_name = "SOURCE")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub time_source: Option<TimeSource>,
-    /// After SIGTERM, how long to keep serving while reporting not ready (so
-    /// Kubernetes removes the endpoint first), in milliseconds [default: 0]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub shutdown_delay_ms: Option<u64>,
-    /// Then, how long in-flight requests and open streams may take before
-    /// the process exits, in milliseconds [default: 10000]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub shutdown_grace_ms: Option<u64>,
-    /// What to answer when the counter store fails: unavailable (gRPC
-    /// UNAVAILABLE, Envoy's failure_mode_deny decides), allow, or deny
-    /// [default: unavailable]
-    #[arg(long, value_enum, value_name = "POLICY")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub on_store_error: Option<crate::decision::StoreErrorPolicy>,
-    /// Consecutive store failures after which the store is not called for a
-    /// while (circuit breaker) [default: 5]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub breaker_failures: Option<u32>,
-    /// ... and only once they have lasted this long, in milliseconds, so one
-    /// short stall failing every request in flight does not open it
-    /// [default: 500]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub breaker_min_failing_ms: Option<u64>,
-    /// How long the open circuit breaker refuses store calls, in
-    /// milliseconds [default: 1000]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub breaker_cooldown_ms: Option<u64>,
-    /// Share of a limit from which admitted hits count as near the limit
-    /// (metric sluice_near_limit_total) [default: 0.8]
-    #[arg(long, value_name = "RATIO")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub near_limit_ratio: Option<f64>,
-    /// Most distinct runtime descriptor values used as metric labels (for
-    /// detailed_metric / value_to_metric rules); beyond it they count as
-    /// _other_ [default: 1000]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_max_descriptors: Option<usize>,
-    /// Export traces over OTLP/gRPC to this endpoint, e.g.
-    /// http://otel-collector:4317 [default: none, no export]
-    #[arg(long, value_name = "URL")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub otlp_endpoint: Option<String>,
-    /// service.name of the exported traces [default: sluice]
-    #[arg(long, value_name = "NAME")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_name: Option<String>,
-    /// Counters known to be full are answered locally until they can take a
-    /// hit again, without calling Redis; this many at most, 0 turns it off
-    /// [default: 100000]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub local_cache_size: Option<usize>,
-    /// Most gRPC connections open at once; beyond it a new connection gets
-    /// an HTTP/2 GOAWAY (REFUSED_STREAM) and is closed [default: 10000]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grpc_max_connections: Option<u32>,
-    /// Most admin HTTP connections open at once; beyond it a new connection
-    /// gets a 503 and is closed [default: 1024]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub http_max_connections: Option<u32>,
-    /// A new connection on either port that has not sent its handshake
-    /// (the HTTP/2 preface, an HTTP request head) within this is closed, in
-    /// milliseconds [default: 10000]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub handshake_timeout_ms: Option<u64>,
-    /// A connection on either port with no request in flight for this long
-    /// is closed, in milliseconds [default: 300000]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idle_timeout_ms: Option<u64>,
-    /// After this long (±10%) a gRPC connection gets a GOAWAY, so clients
-    /// reconnect and spread over new replicas, in milliseconds; 0 never
-    /// [default: 1800000]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_connection_age_ms: Option<u64>,
-    /// Then, how long its requests in flight may take before it is closed,
-    /// in milliseconds [default: 30000]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_connection_age_grace_ms: Option<u64>,
-    /// Most streams open at once on one gRPC connection (HTTP/2
-    /// SETTINGS_MAX_CONCURRENT_STREAMS) [default: 100]
-    #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grpc_max_concurrent_streams: Option<u32>,
-    /// Largest gRPC request message in bytes; larger ones are refused
-    /// RESOURCE_EXHAUSTED [default: 65536]
-    #[arg(long, value_name = "BYTES")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grpc_max_request_bytes: Option<usize>,
-    /// How long a request on either port may take to arrive and be
-    /// answered; past it gRPC answers DEADLINE_EXCEEDED and HTTP 408, in
-    /// milliseconds [default: 5000]
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_timeout_ms: Option<u64>,
+fn flag_help(doc: &str, name: &str) -> String {
+    let default = DECLARED
+        .iter()
+        .find(|d| d.name == name)
+        .map(Declared::default_text)
+        .unwrap_or_default();
+    format!("{doc} [default: {default}]")
+}
+
+/// One row of README.md's settings table, as generated from the
+/// declaration: `setting / env / flag`, default, meaning (and upstream's
+/// variable, where there is one).
+pub fn docs_row(d: &Declared) -> String {
+    let default = match d.default_text().as_str() {
+        "none" => "none".to_string(),
+        text => format!("`{text}`"),
+    };
+    let upstream = if d.upstream.is_empty() {
+        String::new()
+    } else {
+        format!(" Upstream: `{}`.", d.upstream)
+    };
+    format!(
+        "| `{}` / `{}` / `{}` | {} | {}.{} |",
+        d.name,
+        d.env(),
+        d.flag(),
+        default,
+        d.doc.replace('|', "\\|"),
+        upstream
+    )
+}
+
+/// The settings table of README.md, generated from the declaration.
+pub fn docs_table() -> String {
+    let mut out = String::from("| setting / env / flag | default | meaning |\n|---|---|---|\n");
+    for d in DECLARED {
+        out.push_str(&docs_row(d));
+        out.push('\n');
+    }
+    out
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn serve() -> crate::server::ServeOptions {
+    crate::server::ServeOptions::default()
+}
+
+settings! {
+    "Rules file, or directory of rules files; none serves the built-in example rules"
+    rules: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "RUNTIME_ROOT";
+    "gRPC listen address (RLS, health, reflection)"
+    grpc_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8081)), flag SocketAddr, "ADDR", upstream "GRPC_HOST:GRPC_PORT";
+    "Admin HTTP listen address"
+    http_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8080)), flag SocketAddr, "ADDR", upstream "HOST:PORT";
+    "Rate-limit headers to add to responses"
+    response_headers: HeaderMode = HeaderMode::Off, flag HeaderMode, "MODE", upstream "LIMIT_RESPONSE_HEADERS_ENABLED";
+    "Log format"
+    log_format: LogFormat = LogFormat::Human, flag LogFormat, "FORMAT", upstream "LOG_FORMAT";
+    "Log filter, in tracing env-filter syntax, e.g. info or sluice=debug"
+    log_level: String = "info".into(), flag String, "FILTER", upstream "LOG_LEVEL";
+    "Most counters the in-memory store keeps"
+    memory_max_keys: usize = MemoryStoreConfig::default().max_keys, flag usize, "N", upstream "";
+    "Most bytes of counters the in-memory store keeps"
+    memory_max_bytes: u64 = MemoryStoreConfig::default().max_bytes, flag u64, "BYTES", upstream "";
+    "Most descriptors in one request"
+    max_descriptors: usize = Bounds::default().max_descriptors, flag usize, "N", upstream "";
+    "Most entries in one descriptor"
+    max_entries: usize = Bounds::default().max_entries, flag usize, "N", upstream "";
+    "Longest descriptor key or value in bytes"
+    max_entry_bytes: usize = Bounds::default().max_entry_bytes, flag usize, "BYTES", upstream "";
+    "Largest request or descriptor weight, at most 9007199254740991 (2^53 - 1)"
+    max_hits_addend: u64 = Bounds::default().max_hits_addend, flag u64, "N", upstream "";
+    "Keep counters in Redis: redis://[user:pass@]host:port[/db], rediss://… (TLS), redis-cluster://host:port[,host:port…], redis-sentinel://host:port[,…]/service; none keeps counters in memory"
+    redis_url: Option<RedisUrl> = None, flag String, "URL", upstream "REDIS_URL";
+    "Redis password (AUTH, or the password of the user named in the URL); replaces any password in the URL. Prefer SLUICE_REDIS_PASSWORD: a flag shows in the process list"
+    redis_password: Option<Secret> = None, flag String, "PASSWORD", upstream "REDIS_AUTH";
+    "Redis connections, used round-robin"
+    redis_pool_size: usize = 4, flag usize, "N", upstream "REDIS_POOL_SIZE";
+    "Longest wait for Redis per decision, in milliseconds; past it the request fails UNAVAILABLE (what it counted after all is refunded)"
+    redis_timeout_ms: u64 = 40, flag u64, "MS", upstream "REDIS_TIMEOUT";
+    "Prefix of every Redis key"
+    redis_key_prefix: String = "sluice:".into(), flag String, "PREFIX", upstream "";
+    "Clock of the Redis scripts: redis (Redis TIME, one clock for all replicas) or local (this process's clock)"
+    time_source: TimeSource = TimeSource::Redis, flag TimeSource, "SOURCE", upstream "";
+    "After SIGTERM, how long to keep serving while reporting not ready (so Kubernetes removes the endpoint first), in milliseconds"
+    shutdown_delay_ms: u64 = 0, flag u64, "MS", upstream "";
+    "Then, how long in-flight requests and open streams may take before the process exits, in milliseconds"
+    shutdown_grace_ms: u64 = 10_000, flag u64, "MS", upstream "";
+    "What to answer when the counter store fails: unavailable (gRPC UNAVAILABLE, Envoy's failure_mode_deny decides), allow, or deny"
+    on_store_error: crate::decision::StoreErrorPolicy = crate::decision::StoreErrorPolicy::Unavailable, flag crate::decision::StoreErrorPolicy, "POLICY", upstream "";
+    "Consecutive store failures after which the store is not called for a while (circuit breaker)"
+    breaker_failures: u32 = 5, flag u32, "N", upstream "";
+    "... and only once they have lasted this long, in milliseconds, so one short stall failing every request in flight does not open it"
+    breaker_min_failing_ms: u64 = 500, flag u64, "MS", upstream "";
+    "How long the open circuit breaker refuses store calls, in milliseconds"
+    breaker_cooldown_ms: u64 = 1_000, flag u64, "MS", upstream "";
+    "Share of a limit from which admitted hits count as near the limit (metric sluice_near_limit_total)"
+    near_limit_ratio: f64 = 0.8, flag f64, "RATIO", upstream "NEAR_LIMIT_RATIO";
+    "Most distinct runtime descriptor values used as metric labels (for detailed_metric / value_to_metric rules); beyond it they count as _other_"
+    metrics_max_descriptors: usize = 1_000, flag usize, "N", upstream "";
+    "Export traces over OTLP/gRPC to this endpoint, e.g. http://otel-collector:4317; none exports no traces"
+    otlp_endpoint: Option<String> = None, flag String, "URL", upstream "OTEL_EXPORTER_OTLP_ENDPOINT";
+    "service.name of the exported traces"
+    service_name: String = "sluice".into(), flag String, "NAME", upstream "TRACING_SERVICE_NAME";
+    "Counters known to be full are answered locally until they can take a hit again, without calling Redis; this many at most, 0 turns it off"
+    local_cache_size: usize = 100_000, flag usize, "N", upstream "LOCAL_CACHE_SIZE_IN_BYTES";
+    "Most gRPC connections open at once; beyond it a new connection gets an HTTP/2 GOAWAY (REFUSED_STREAM) and is closed"
+    grpc_max_connections: u32 = serve().grpc_connections.max_connections, flag u32, "N", upstream "";
+    "Most admin HTTP connections open at once; beyond it a new connection gets a 503 and is closed"
+    http_max_connections: u32 = serve().http_connections.max_connections, flag u32, "N", upstream "";
+    "A new connection on either port that has not sent its handshake (the HTTP/2 preface, an HTTP request head) within this is closed, in milliseconds"
+    handshake_timeout_ms: u64 = millis(serve().grpc_connections.handshake_timeout), flag u64, "MS", upstream "";
+    "A connection on either port with no request in flight for this long is closed, in milliseconds"
+    idle_timeout_ms: u64 = millis(serve().grpc_connections.idle_timeout), flag u64, "MS", upstream "";
+    "After this long (±10%) a gRPC connection gets a GOAWAY, so clients reconnect and spread over new replicas, in milliseconds; 0 never"
+    max_connection_age_ms: u64 = 1_800_000, flag u64, "MS", upstream "GRPC_MAX_CONNECTION_AGE";
+    "Then, how long its requests in flight may take before it is closed, in milliseconds"
+    max_connection_age_grace_ms: u64 = millis(serve().grpc_connections.max_age_grace), flag u64, "MS", upstream "GRPC_MAX_CONNECTION_AGE_GRACE";
+    "Most streams open at once on one gRPC connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)"
+    grpc_max_concurrent_streams: u32 = serve().grpc.max_concurrent_streams, flag u32, "N", upstream "";
+    "Largest gRPC request message in bytes; larger ones are refused RESOURCE_EXHAUSTED"
+    grpc_max_request_bytes: usize = serve().grpc.max_request_bytes, flag usize, "BYTES", upstream "";
+    "How long a request on either port may take to arrive and be answered; past it gRPC answers DEADLINE_EXCEEDED and HTTP 408, in milliseconds"
+    request_timeout_ms: u64 = millis(serve().grpc.request_timeout), flag u64, "MS", upstream "";
+    "Which debits a limit counts unless its rule says: admitted (only hits of admitted requests) or always (every hit, upstream's behaviour)"
+    counting: Counting = Counting::Admitted, flag Counting, "MODE", upstream "";
+    "Decide and count as usual but always answer OK (over-limit decisions only show in metrics and logs)"
+    shadow_mode: bool = false, flag bool, "BOOL", upstream "SHADOW_MODE";
+    "Quota mode: rules marked as quota report over limit without denying"
+    quota_mode: bool = false, flag bool, "BOOL", upstream "QUOTA_MODE";
+    "Return the request's descriptors in the response's dynamic metadata"
+    response_dynamic_metadata: bool = false, flag bool, "BOOL", upstream "RESPONSE_DYNAMIC_METADATA";
+    "Serve gRPC over TLS with this certificate (PEM); needs grpc_tls_key"
+    grpc_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "GRPC_SERVER_TLS_CERT";
+    "Private key (PEM) of grpc_tls_cert"
+    grpc_tls_key: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "GRPC_SERVER_TLS_KEY";
+    "Require gRPC clients to present a certificate signed by this CA (PEM)"
+    grpc_tls_ca_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "GRPC_SERVER_TLS_CA_CERT";
+    "Take rules from this xDS server (host:port or URL) instead of files"
+    xds_server: Option<String> = None, flag String, "ADDR", upstream "CONFIG_GRPC_XDS_SERVER_URL";
+    "Node id sent to the xDS server"
+    xds_node_id: String = "default".into(), flag String, "ID", upstream "CONFIG_GRPC_XDS_NODE_ID";
+    "Node metadata sent to the xDS server, a JSON object"
+    xds_node_metadata: Option<String> = None, flag String, "JSON", upstream "CONFIG_GRPC_XDS_NODE_METADATA";
+    "Connect to the xDS server over TLS"
+    xds_tls: bool = false, flag bool, "BOOL", upstream "CONFIG_GRPC_XDS_SERVER_USE_TLS";
+    "Client certificate (PEM) for the xDS server; needs xds_tls_key"
+    xds_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "CONFIG_GRPC_XDS_CLIENT_TLS_CERT";
+    "Private key (PEM) of xds_tls_cert"
+    xds_tls_key: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "CONFIG_GRPC_XDS_CLIENT_TLS_KEY";
+    "CA (PEM) the xDS server's certificate must chain to"
+    xds_tls_ca_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "CONFIG_GRPC_XDS_SERVER_TLS_CACERT";
+    "Name the xDS server's certificate must carry (SAN)"
+    xds_tls_san: Option<String> = None, flag String, "NAME", upstream "CONFIG_GRPC_XDS_SERVER_TLS_SAN";
+    "First wait before reconnecting to the xDS server, in milliseconds"
+    xds_backoff_initial_ms: u64 = 10_000, flag u64, "MS", upstream "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL";
+    "Longest wait before reconnecting to the xDS server, in milliseconds"
+    xds_backoff_max_ms: u64 = 60_000, flag u64, "MS", upstream "XDS_CLIENT_BACKOFF_MAX_INTERVAL";
+    "Random share of each reconnect wait (0 to 1)"
+    xds_backoff_random_factor: f64 = 0.5, flag f64, "RATIO", upstream "XDS_CLIENT_BACKOFF_RANDOM_FACTOR";
+    "Randomize reconnect waits"
+    xds_backoff_jitter: bool = true, flag bool, "BOOL", upstream "XDS_CLIENT_BACKOFF_JITTER";
+    "Largest xDS message accepted, in bytes"
+    xds_max_message_bytes: usize = 4 << 20, flag usize, "BYTES", upstream "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES";
+    "Serve before the first rules arrive from xDS (with no rules: every request OK)"
+    force_start_without_initial_config: bool = false, flag bool, "BOOL", upstream "FORCE_START_WITHOUT_INITIAL_CONFIG";
+    "Send upstream-named stats to this statsd host:port"
+    statsd_addr: Option<String> = None, flag String, "ADDR", upstream "STATSD_HOST:STATSD_PORT";
+    "Serve upstream-named Prometheus metrics on this address"
+    upstream_prometheus_addr: Option<SocketAddr> = None, flag SocketAddr, "ADDR", upstream "PROMETHEUS_ADDR";
+    "Path of the upstream-named Prometheus metrics"
+    upstream_prometheus_path: String = "/metrics".into(), flag String, "PATH", upstream "PROMETHEUS_PATH";
+    "statsd_exporter mapping file that renames the upstream-named metrics"
+    prometheus_mapper: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "PROMETHEUS_MAPPER_YAML";
+    "How often stats are flushed to statsd, in milliseconds"
+    stats_flush_interval_ms: u64 = 10_000, flag u64, "MS", upstream "STATS_FLUSH_INTERVAL";
+    "Address of the debug listener (/rlconfig); none serves none"
+    debug_addr: Option<SocketAddr> = None, flag SocketAddr, "ADDR", upstream "DEBUG_HOST:DEBUG_PORT";
+    "Client certificate (PEM) for Redis over TLS; needs redis_tls_key"
+    redis_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "REDIS_TLS_CLIENT_CERT";
+    "Private key (PEM) of redis_tls_cert"
+    redis_tls_key: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "REDIS_TLS_CLIENT_KEY";
+    "CA (PEM) Redis's certificate must chain to"
+    redis_tls_ca_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "REDIS_TLS_CACERT";
+    "Accept a Redis certificate whose name does not match the host"
+    redis_tls_skip_hostname_verification: bool = false, flag bool, "BOOL", upstream "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION";
+    "A second Redis for per-second limits (same URL forms as redis_url); none keeps them with the others"
+    redis_per_second_url: Option<RedisUrl> = None, flag String, "URL", upstream "REDIS_PERSECOND_URL";
 }
 
 /// A secret setting: its value never appears in `Debug` output (logs).
@@ -404,6 +353,9 @@ pub enum SettingsError {
         /// Why there is a maximum.
         why: &'static str,
     },
+    /// A certificate without its key, or a key without its certificate.
+    #[error("invalid settings: {0} go together; only one is set")]
+    Unpaired(&'static str),
 }
 
 /// Fails on a key of the settings file that is not a setting.
@@ -486,6 +438,27 @@ impl Settings {
                 max: MAX_HITS,
                 why: "2^53 - 1: weights beyond it are not exact in the Redis scripts' arithmetic",
             });
+        }
+        for (cert, key, pair) in [
+            (
+                &settings.grpc_tls_cert,
+                &settings.grpc_tls_key,
+                "grpc_tls_cert and grpc_tls_key",
+            ),
+            (
+                &settings.xds_tls_cert,
+                &settings.xds_tls_key,
+                "xds_tls_cert and xds_tls_key",
+            ),
+            (
+                &settings.redis_tls_cert,
+                &settings.redis_tls_key,
+                "redis_tls_cert and redis_tls_key",
+            ),
+        ] {
+            if cert.is_some() != key.is_some() {
+                return Err(SettingsError::Unpaired(pair));
+            }
         }
         Ok(settings)
     }
@@ -839,5 +812,116 @@ mod tests {
             env(&[("SLUICE_GRPC_ADDR", "nope")]),
         );
         assert!(err.is_err());
+    }
+}
+
+#[cfg(test)]
+mod declaration_tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: SettingsFlags,
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn every_setting_is_declared_once_with_flag_env_and_doc() {
+        let defaults = serde_json::to_value(Settings::default()).unwrap();
+        let fields: Vec<&String> = defaults.as_object().unwrap().keys().collect();
+        assert_eq!(fields.len(), DECLARED.len());
+        let help = Cli::command().render_long_help().to_string();
+        let mut seen = std::collections::HashSet::new();
+        for d in DECLARED {
+            assert!(seen.insert(d.name), "{} declared twice", d.name);
+            assert!(fields.contains(&&d.name.to_string()), "{}", d.name);
+            assert!(!d.doc.is_empty(), "{} has no doc", d.name);
+            assert!(help.contains(&d.flag()), "{} has no flag", d.name);
+            assert!(
+                help.contains(&format!("[default: {}]", d.default_text())),
+                "{}",
+                d.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_setting_reads_from_env_and_the_flag_wins() {
+        use clap::Parser as _;
+        let cli = Cli::parse_from(["x", "--counting", "admitted", "--xds-backoff-max-ms", "5"]);
+        let s = Settings::load_from(
+            None,
+            &cli.flags,
+            env(&[
+                ("SLUICE_COUNTING", "always"),
+                ("SLUICE_SHADOW_MODE", "true"),
+                ("SLUICE_XDS_SERVER", "eg:18001"),
+                ("SLUICE_XDS_BACKOFF_MAX_MS", "9"),
+                ("SLUICE_DEBUG_ADDR", "127.0.0.1:6070"),
+                ("SLUICE_REDIS_PER_SECOND_URL", "redis://ps:6379"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.counting, Counting::Admitted);
+        assert!(s.shadow_mode);
+        assert_eq!(s.xds_server.as_deref(), Some("eg:18001"));
+        assert_eq!(s.xds_backoff_max_ms, 5);
+        assert_eq!(s.debug_addr, Some(SocketAddr::from(([127, 0, 0, 1], 6070))));
+        assert!(s.redis_per_second_url.is_some());
+        assert_eq!(Settings::default().counting, Counting::Admitted);
+    }
+
+    #[test]
+    fn a_certificate_without_its_key_is_an_error() {
+        for var in [
+            "SLUICE_GRPC_TLS_CERT",
+            "SLUICE_XDS_TLS_KEY",
+            "SLUICE_REDIS_TLS_CERT",
+        ] {
+            let err = Settings::load_from(None, &SettingsFlags::default(), env(&[(var, "/x.pem")]))
+                .unwrap_err();
+            assert!(err.to_string().contains("go together"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_docs_table_has_a_row_per_setting() {
+        let table = docs_table();
+        assert_eq!(table.lines().count(), DECLARED.len() + 2);
+        assert!(table.contains("| `memory_max_bytes` / `SLUICE_MEMORY_MAX_BYTES` / `--memory-max-bytes` | `134217728` |"), "{table}");
+        assert!(table.contains("Upstream: `REDIS_URL`."));
+    }
+
+    /// README.md's rows for the settings declared after `request_timeout_ms`
+    /// are the generated ones (`cargo test print_docs_table -- --ignored
+    /// --nocapture` prints them); the older rows carry longer hand-written
+    /// explanations, and tests/deploy.rs checks that each is there.
+    #[test]
+    fn the_readme_rows_of_the_newer_settings_are_the_generated_ones() {
+        let readme = include_str!("../README.md");
+        let first_new = DECLARED.iter().position(|d| d.name == "counting").unwrap();
+        for d in &DECLARED[first_new..] {
+            let row = docs_row(d);
+            assert!(
+                readme.contains(&row),
+                "README.md lacks or differs from\n{row}"
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "prints the generated README settings table"]
+    fn print_docs_table() {
+        println!("{}", docs_table());
     }
 }
