@@ -103,6 +103,9 @@ pub struct Rule {
     /// Per entry depth, whether its runtime value labels metrics
     /// (`value_to_metric` at that level, or `detailed_metric` for all).
     pub metric_values: Vec<bool>,
+    /// Upstream's stats key, `domain.k1_v1.k2…` from the config (see
+    /// `telemetry::upstream::stats_key`), built once here.
+    pub stats_key: String,
 }
 
 impl Rule {
