@@ -150,3 +150,33 @@ async fn a_bad_mapping_file_is_a_start_error() {
     .unwrap_err();
     assert!(err.to_string().contains("bad match"), "{err}");
 }
+
+#[tokio::test]
+async fn statsd_over_tcp_like_gostats() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = UpstreamStats::start(UpstreamStatsConfig {
+        statsd_addr: Some(listener.local_addr().unwrap().to_string()),
+        statsd_protocol: Protocol::Tcp,
+        stats_flush_interval_ms: 20,
+        ..UpstreamStatsConfig::default()
+    })
+    .await
+    .unwrap();
+    let over = decide_five(running.stats.clone()).await;
+    let want = format!("ratelimit.service.rate_limit.gw.k1_a.k2.over_limit:{over}|c");
+    let (mut conn, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+        .await
+        .expect("statsd sink connects")
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = String::new();
+    let mut buf = vec![0u8; 65536];
+    while !seen.lines().any(|l| l == want) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no `{want}` in:\n{seen}");
+        if let Ok(Ok(n)) = tokio::time::timeout(left, conn.read(&mut buf)).await {
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    }
+}
