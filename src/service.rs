@@ -18,6 +18,7 @@ use crate::request::{Descriptor, Entry, Override, Request};
 use crate::rules::Unit;
 use crate::store::CounterStore;
 use crate::telemetry::traces;
+use crate::telemetry::upstream::CallError;
 
 pub mod explain;
 
@@ -85,6 +86,15 @@ impl<S: CounterStore> pb::RateLimitService for RateLimitService<S> {
         self.limiter
             .metrics()
             .record_request(code, started.elapsed());
+        if let Some(upstream) = self.limiter.upstream_stats() {
+            upstream.request(started.elapsed());
+            if let Err(e) = &result {
+                upstream.call_error(match e {
+                    DecideError::Store(_) => CallError::Store,
+                    DecideError::InvalidArgument(_) => CallError::Service,
+                });
+            }
+        }
         match result {
             Ok(decision) => {
                 span.record("outcome", code);

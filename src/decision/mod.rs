@@ -121,6 +121,8 @@ pub struct Limiter<S> {
     clock: Arc<dyn Clock>,
     defaults: plan::Defaults,
     shadow_mode: bool,
+    /// Upstream's stats (envoyproxy/ratelimit names); `None` when off.
+    upstream: Option<Arc<crate::telemetry::upstream::UpstreamStats>>,
 }
 
 impl<S: CounterStore> Limiter<S> {
@@ -151,7 +153,28 @@ impl<S: CounterStore> Limiter<S> {
                 quota_mode: options.quota_mode,
             },
             shadow_mode: options.shadow_mode,
+            upstream: None,
         }
+    }
+
+    /// Also counts upstream's stats into `stats` (set before sharing the
+    /// limiter; a builder so `LimiterOptions` literals stay unchanged).
+    #[must_use]
+    pub fn with_upstream_stats(
+        mut self,
+        stats: Option<Arc<crate::telemetry::upstream::UpstreamStats>>,
+    ) -> Self {
+        // The rules given at construction were a load, as upstream counts it.
+        if let Some(stats) = &stats {
+            stats.config_load(true);
+        }
+        self.upstream = stats;
+        self
+    }
+
+    /// Upstream's stats, when on.
+    pub fn upstream_stats(&self) -> Option<&Arc<crate::telemetry::upstream::UpstreamStats>> {
+        self.upstream.as_ref()
     }
 
     /// Where decisions are counted.
@@ -167,6 +190,17 @@ impl<S: CounterStore> Limiter<S> {
     /// Puts `rules` in force for every later request.
     pub fn replace_rules(&self, rules: RuleSet) {
         self.loaded.store(Arc::new(Loaded::new(rules)));
+        if let Some(upstream) = &self.upstream {
+            upstream.config_load(true);
+        }
+    }
+
+    /// A reload that was refused (the rules in force stay): counted in
+    /// upstream's `config_load_error` when its stats are on.
+    pub fn rules_refused(&self) {
+        if let Some(upstream) = &self.upstream {
+            upstream.config_load(false);
+        }
     }
 
     /// The store.
@@ -187,8 +221,10 @@ impl<S: CounterStore> Limiter<S> {
         let Planned { plans, batch } = plan::plan(domain, request, self.defaults)?;
 
         let now = self.clock.now();
+        let mut from_cache = false;
         let (admitted, results) = if let Some(results) = self.answer_from_cache(&batch, now) {
             self.metrics.record_local_cache_hit();
+            from_cache = true;
             (false, results)
         } else if batch.items.is_empty() {
             (true, Vec::new())
@@ -209,7 +245,7 @@ impl<S: CounterStore> Limiter<S> {
         };
         // A cached answer goes through here exactly as a store answer does
         // (see `overlimit`): the same statuses, the same metrics.
-        let statuses = self.conclude(&loaded, request, &plans, admitted, &results);
+        let statuses = self.conclude(&loaded, request, &plans, (admitted, from_cache), &results);
         Ok(Decision {
             admitted: admitted || self.shadow_mode,
             statuses,
@@ -223,7 +259,7 @@ impl<S: CounterStore> Limiter<S> {
         loaded: &Loaded,
         request: &Request,
         plans: &[Plan<'_>],
-        admitted: bool,
+        (admitted, from_cache): (bool, bool),
         results: &[LimitOutcome],
     ) -> Vec<Status> {
         let mut rest = results;
@@ -244,6 +280,7 @@ impl<S: CounterStore> Limiter<S> {
                             limited,
                             results: mine,
                             admitted,
+                            from_cache,
                         },
                     );
                     Status::of(limited, mine)

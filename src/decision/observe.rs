@@ -59,6 +59,8 @@ pub(super) struct Observed<'a, 'r> {
     pub results: &'a [LimitOutcome],
     /// Whether the whole request was admitted.
     pub admitted: bool,
+    /// Whether the local over-limit cache answered, without the store.
+    pub from_cache: bool,
 }
 
 impl<S> Limiter<S> {
@@ -70,7 +72,18 @@ impl<S> Limiter<S> {
             limited,
             results,
             admitted,
+            from_cache,
         } = seen;
+        if let Some(upstream) = &self.upstream {
+            upstream_observe(
+                upstream,
+                domain,
+                descriptor,
+                limited,
+                results,
+                (admitted, from_cache),
+            );
+        }
         let detail = limited
             .rule
             .map(|r| r.metric_descriptor(&descriptor.entries))
@@ -124,5 +137,54 @@ fn metric_limit_name(limit: &PlannedLimit<'_>, rule: Option<&Rule>) -> String {
         (Some(name), _) => name.to_string(),
         (None, Some(rule)) => rule.path.clone(),
         (None, None) => "_override_".to_owned(),
+    }
+}
+
+/// Upstream's per-rule counters for one descriptor. Upstream has one limit
+/// per descriptor; of several, the first over the limit (else the first)
+/// stands for the descriptor, so each hit is counted once.
+fn upstream_observe(
+    upstream: &crate::telemetry::upstream::UpstreamStats,
+    domain: &str,
+    descriptor: &Descriptor,
+    limited: &Limited<'_>,
+    results: &[LimitOutcome],
+    (admitted, from_cache): (bool, bool),
+) {
+    use crate::telemetry::upstream::{RuleCounts, detailed_stats_key};
+    let Some(rule) = limited.rule else { return };
+    let Some((limit, result)) = limited
+        .limits
+        .iter()
+        .zip(results)
+        .find(|(_, r)| r.over)
+        .or_else(|| limited.limits.iter().zip(results).next())
+    else {
+        return;
+    };
+    let shadow = limited.role == Role::Shadow;
+    let hits = limited.hits;
+    // `used` is after this request when it was admitted, before otherwise.
+    let before = if admitted {
+        result.used.saturating_sub(hits)
+    } else {
+        result.used
+    };
+    let counts = if from_cache {
+        RuleCounts::local_cache(hits, shadow)
+    } else {
+        RuleCounts::from_counter(limit.spec.capacity(), before, hits, shadow)
+    };
+    if rule.detailed_metric {
+        let key = detailed_stats_key(
+            domain,
+            descriptor
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str())),
+        );
+        upstream.rule(&key, counts);
+    } else {
+        upstream.rule(&rule.stats_key, counts);
     }
 }

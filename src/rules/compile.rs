@@ -2,6 +2,7 @@
 //! (not only the first) with its file, line and rule path; a file with any
 //! error yields no domain, so a bad file can never be half loaded.
 
+use crate::telemetry::upstream::{sanitize, stats_key};
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -284,6 +285,8 @@ struct Flags {
     share_threshold: bool,
     /// Per depth, whether the runtime value may label metrics.
     value_levels: Vec<bool>,
+    /// Upstream's stats key of this descriptor (`domain.k1_v1.k2…`).
+    stats_key: String,
 }
 
 impl Compiler<'_> {
@@ -451,7 +454,7 @@ impl Compiler<'_> {
             match self.list(node, parent, "descriptors") {
                 Some(items) => {
                     for item in items {
-                        self.descriptor(item, parent, &mut root, &[]);
+                        self.descriptor(item, parent, &sanitize(parent), &mut root, &[]);
                     }
                 }
                 None => listed = false,
@@ -468,7 +471,14 @@ impl Compiler<'_> {
 
     /// Compiles one descriptor into `level`. `value_levels` says, for each
     /// ancestor, whether its runtime value may label metrics.
-    fn descriptor(&mut self, node: &Yaml, parent: &str, level: &mut Level, value_levels: &[bool]) {
+    fn descriptor(
+        &mut self,
+        node: &Yaml,
+        parent: &str,
+        stats_parent: &str,
+        level: &mut Level,
+        value_levels: &[bool],
+    ) {
         if !matches!(node.kind, Kind::Map(_)) {
             self.error(
                 node.line,
@@ -508,6 +518,7 @@ impl Compiler<'_> {
             detailed_metric,
             share_threshold: self.boolean(map.get("share_threshold"), &path, "share_threshold"),
             value_levels,
+            stats_key: stats_key(stats_parent, [(key.as_str(), Some(value.as_str()))]),
         };
         if flags.share_threshold && !Pattern::is_pattern(&value) {
             self.error(
@@ -524,7 +535,13 @@ impl Compiler<'_> {
             .and_then(|l| self.list(l, &path, "descriptors"))
         {
             for item in items {
-                self.descriptor(item, &path, &mut children, &flags.value_levels);
+                self.descriptor(
+                    item,
+                    &path,
+                    &flags.stats_key,
+                    &mut children,
+                    &flags.value_levels,
+                );
             }
         }
         let compiled = Node {
@@ -623,6 +640,7 @@ impl Compiler<'_> {
                 path: path.to_owned(),
                 metadata: present("metadata").map(|node| node.to_json()),
             }),
+            stats_key: flags.stats_key.clone(),
         })
     }
 

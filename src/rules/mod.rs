@@ -109,6 +109,9 @@ pub struct Rule {
     /// What a decision reports about the rule; shared, so a status can carry
     /// it for the price of a reference count.
     pub annotations: Arc<Annotations>,
+    /// Upstream's stats key, `domain.k1_v1.k2…` from the config (see
+    /// `telemetry::upstream::stats_key`), built once here.
+    pub stats_key: String,
 }
 
 /// What a rule tells callers beyond its limits: where it is, and the

@@ -4,6 +4,7 @@
 mod logging;
 pub mod metrics;
 pub mod traces;
+pub mod upstream;
 
 pub use logging::init;
 pub use traces::{TelemetryError, TelemetryGuard};
