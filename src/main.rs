@@ -14,6 +14,7 @@ use sluice::rules::{RuleSet, RulesSource};
 use sluice::server::{self, Listeners};
 use sluice::settings::Settings;
 use sluice::store::{CounterStore, MemoryStore, RedisStore};
+use sluice::telemetry::upstream::UpstreamStats;
 use tokio_util::sync::CancellationToken;
 
 /// How often the memory store drops counters that have expired.
@@ -77,11 +78,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let domains = rules.domains().count();
 
     let served = runtime.block_on(async {
-        let listeners = Listeners::bind(settings.grpc_addr, settings.http_addr)
+        let mut listeners = Listeners::bind(settings.grpc_addr, settings.http_addr)
             .await
             .with_context(|| {
                 format!("binding {} and {}", settings.grpc_addr, settings.http_addr)
             })?;
+        if let Some(tls) = settings.grpc_tls() {
+            listeners = listeners.with_grpc_tls(tls);
+        }
         let shutdown = CancellationToken::new();
         stop_on_signal(shutdown.clone())?;
         let started = |store: &str| -> anyhow::Result<()> {
@@ -153,11 +157,20 @@ async fn serve_with<S: CounterStore>(
     shutdown: CancellationToken,
     started: impl FnOnce(&Arc<Limiter<S>>),
 ) -> anyhow::Result<Arc<Limiter<S>>> {
-    let limiter = Arc::new(Limiter::with_options(
-        rules,
-        store,
-        settings.limiter_options(),
-    ));
+    // Upstream-named stats: kept alive (and their sinks running) while
+    // the service serves.
+    let upstream = match settings.upstream_stats() {
+        Some(config) => Some(
+            UpstreamStats::start(config)
+                .await
+                .context("starting the upstream stats sink")?,
+        ),
+        None => None,
+    };
+    let limiter = Arc::new(
+        Limiter::with_options(rules, store, settings.limiter_options())
+            .with_upstream_stats(upstream.as_ref().map(|running| running.stats.clone())),
+    );
     limiter.metrics().record_rules_loaded(unix_now());
     watch_rules(source, &limiter, &shutdown)?;
     started(&limiter);
@@ -165,7 +178,15 @@ async fn serve_with<S: CounterStore>(
     if let Some(limit) = open_files_limit() {
         fit_connections(&mut options, limit, settings.redis_pool_size);
     }
-    server::run(limiter.clone(), options, listeners, shutdown).await?;
+    server::run_with(
+        limiter.clone(),
+        options,
+        settings.serve_extras(),
+        listeners,
+        shutdown,
+    )
+    .await?;
+    drop(upstream);
     Ok(limiter)
 }
 
@@ -184,7 +205,10 @@ fn watch_rules<S: CounterStore>(
                 limiter.replace_rules(rules);
                 limiter.metrics().record_reload(true, unix_now());
             }
-            Err(_) => limiter.metrics().record_reload(false, unix_now()),
+            Err(_) => {
+                limiter.metrics().record_reload(false, unix_now());
+                limiter.rules_refused();
+            }
         },
         shutdown.clone(),
     )

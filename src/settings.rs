@@ -244,10 +244,14 @@ settings! {
     counting: Counting = Counting::Admitted, flag Counting, "MODE", upstream "";
     "Decide and count as usual but always answer OK (over-limit decisions only show in metrics and logs)"
     shadow_mode: bool = false, flag bool, "BOOL", upstream "SHADOW_MODE";
-    "Quota mode: rules marked as quota report over limit without denying"
+    "Treat every enforcing descriptor as a quota_mode one (upstream's global QUOTA_MODE)"
     quota_mode: bool = false, flag bool, "BOOL", upstream "QUOTA_MODE";
-    "Return the request's descriptors in the response's dynamic metadata"
+    "Fill the response's dynamic metadata as upstream's RESPONSE_DYNAMIC_METADATA does, with the rules' metadata"
     response_dynamic_metadata: bool = false, flag bool, "BOOL", upstream "RESPONSE_DYNAMIC_METADATA";
+    "Give a refusal an application/problem+json raw_body that Envoy sends with its 429"
+    problem_json_body: bool = false, flag bool, "BOOL", upstream "";
+    "Serve GET and DELETE /counters on the admin port (inspect and reset one counter)"
+    admin_counters: bool = false, flag bool, "BOOL", upstream "";
     "Serve gRPC over TLS with this certificate (PEM); needs grpc_tls_key"
     grpc_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "GRPC_SERVER_TLS_CERT";
     "Private key (PEM) of grpc_tls_cert"
@@ -290,6 +294,8 @@ settings! {
     upstream_prometheus_path: String = "/metrics".into(), flag String, "PATH", upstream "PROMETHEUS_PATH";
     "statsd_exporter mapping file that renames the upstream-named metrics"
     prometheus_mapper: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "PROMETHEUS_MAPPER_YAML";
+    "Send statsd lines over UDP instead of TCP (gostats' default)"
+    statsd_udp: bool = false, flag bool, "BOOL", upstream "STATSD_PROTOCOL";
     "How often stats are flushed to statsd, in milliseconds"
     stats_flush_interval_ms: u64 = 10_000, flag u64, "MS", upstream "STATS_FLUSH_INTERVAL";
     "Address of the debug listener (/rlconfig); none serves none"
@@ -356,6 +362,14 @@ pub enum SettingsError {
     /// A certificate without its key, or a key without its certificate.
     #[error("invalid settings: {0} go together; only one is set")]
     Unpaired(&'static str),
+    /// A setting Sluice declares (for upstream's variable) but cannot honour.
+    #[error("invalid settings: {setting} is not supported; {instead}")]
+    Unsupported {
+        /// The setting (or settings) set.
+        setting: &'static str,
+        /// What to do instead.
+        instead: &'static str,
+    },
 }
 
 /// Fails on a key of the settings file that is not a setting.
@@ -460,7 +474,79 @@ impl Settings {
                 return Err(SettingsError::Unpaired(pair));
             }
         }
+        // Declared for upstream's variables, not built yet: refuse rather
+        // than run without what was asked for.
+        for (set, setting, instead) in [
+            (
+                settings.redis_tls_cert.is_some() || settings.redis_tls_ca_cert.is_some(),
+                "redis_tls_cert / redis_tls_ca_cert",
+                "use a rediss:// redis_url (server certificate checked against the system roots)",
+            ),
+            (
+                settings.redis_tls_skip_hostname_verification,
+                "redis_tls_skip_hostname_verification",
+                "use a certificate whose name matches the Redis host",
+            ),
+            (
+                settings.redis_per_second_url.is_some(),
+                "redis_per_second_url",
+                "per-second limits share redis_url",
+            ),
+        ] {
+            if set {
+                return Err(SettingsError::Unsupported { setting, instead });
+            }
+        }
+        if settings.statsd_addr.is_some() && settings.upstream_prometheus_addr.is_some() {
+            return Err(SettingsError::Unsupported {
+                setting: "statsd_addr together with upstream_prometheus_addr",
+                instead: "choose one upstream stats sink, as envoyproxy/ratelimit requires",
+            });
+        }
         Ok(settings)
+    }
+
+    /// What responses carry besides the decision.
+    pub fn serve_extras(&self) -> crate::server::ServeExtras {
+        crate::server::ServeExtras {
+            dynamic_metadata: self.response_dynamic_metadata,
+            problem_body: self.problem_json_body,
+            admin_counters: self.admin_counters,
+        }
+    }
+
+    /// TLS on the gRPC listener, when a certificate is set.
+    pub fn grpc_tls(&self) -> Option<crate::server::TlsFiles> {
+        Some(crate::server::TlsFiles {
+            cert: self.grpc_tls_cert.clone()?,
+            key: self.grpc_tls_key.clone()?,
+            ca: self.grpc_tls_ca_cert.clone(),
+        })
+    }
+
+    /// Upstream-named stats, when a sink is set.
+    pub fn upstream_stats(
+        &self,
+    ) -> Option<crate::telemetry::upstream::statsd::UpstreamStatsConfig> {
+        use crate::telemetry::upstream::statsd::{Protocol, UpstreamStatsConfig};
+        if self.statsd_addr.is_none() && self.upstream_prometheus_addr.is_none() {
+            return None;
+        }
+        Some(UpstreamStatsConfig {
+            statsd_addr: self.statsd_addr.clone(),
+            statsd_protocol: if self.statsd_udp {
+                Protocol::Udp
+            } else {
+                Protocol::Tcp
+            },
+            upstream_prometheus_addr: self.upstream_prometheus_addr,
+            upstream_prometheus_path: self.upstream_prometheus_path.clone(),
+            prometheus_mapper: self.prometheus_mapper.clone(),
+            stats_flush_interval_ms: self.stats_flush_interval_ms.max(1),
+            // Six series per stats key, as many keys as Sluice's own
+            // metrics label.
+            max_names: self.metrics_max_descriptors.saturating_mul(6).max(1_000),
+        })
     }
 
     /// The Redis store settings, when a Redis URL is set.
@@ -536,8 +622,9 @@ impl Settings {
                 0
             },
             clock: std::sync::Arc::new(crate::limiter::SystemClock),
-            // counting, shadow_mode, quota_mode: wired by the lead.
-            ..crate::decision::LimiterOptions::default()
+            counting: self.counting,
+            shadow_mode: self.shadow_mode,
+            quota_mode: self.quota_mode,
         }
     }
 
