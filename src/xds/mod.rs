@@ -10,8 +10,9 @@
 //! lost the client keeps the rules and reconnects for ever, with exponential
 //! backoff.
 //!
-//! Not done yet: TLS to the management server (`xds_tls*` are refused by
-//! [`spawn`] rather than ignored).
+//! TLS and mutual TLS to the management server use tonic's rustls transport:
+//! the CA (or the system roots) verifies the server under `xds_tls_san` (or
+//! the host of `xds_server`), and a client certificate is sent when one is set.
 
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::proto::envoy::config::core::v3::Node;
 use crate::proto::envoy::service::discovery::v3::{
@@ -47,13 +48,13 @@ pub struct XdsConfig {
     /// `Node.metadata`, a JSON object as upstream's
     /// `CONFIG_GRPC_XDS_NODE_METADATA`; empty for none.
     pub xds_node_metadata: String,
-    /// Connect over TLS (not supported yet).
+    /// Connect over TLS.
     pub xds_tls: bool,
     /// Client certificate (PEM path) for mutual TLS.
     pub xds_tls_cert: Option<String>,
     /// Client key (PEM path) for mutual TLS.
     pub xds_tls_key: Option<String>,
-    /// CA (PEM path) that verifies the server.
+    /// CA (PEM path) that verifies the server; the system roots when unset.
     pub xds_tls_ca_cert: Option<String>,
     /// Name the server's certificate must carry.
     pub xds_tls_san: Option<String>,
@@ -113,9 +114,9 @@ pub enum XdsError {
     /// `xds_server` is not an address.
     #[error("xds_server '{0}' is not a valid address: {1}")]
     Server(String, String),
-    /// TLS was asked for.
-    #[error("xds_tls is not supported yet")]
-    Tls,
+    /// The TLS material cannot be read or does not go together.
+    #[error("xds TLS: {0}")]
+    Tls(String),
 }
 
 /// The running client.
@@ -123,12 +124,36 @@ pub struct XdsHandle {
     /// The client task; it ends when the shutdown token is cancelled.
     pub task: JoinHandle<()>,
     loaded: watch::Receiver<bool>,
+    errors: watch::Receiver<Option<String>>,
+    force_start: bool,
 }
 
 impl XdsHandle {
+    /// Whether the service may report ready: a snapshot was accepted, or
+    /// `force_start_without_initial_config` is set.
+    pub fn ready(&self) -> bool {
+        self.force_start || self.has_config()
+    }
+
+    /// Wraps the decision service so that, until a first snapshot is
+    /// accepted, `ShouldRateLimit` fails as upstream's does (UNKNOWN, "no rate
+    /// limit configuration loaded") instead of answering from no rules.
+    pub fn gate<S>(&self, inner: S) -> Gated<S> {
+        Gated {
+            inner,
+            loaded: self.loaded.clone(),
+        }
+    }
+
     /// Resolves once a first snapshot has been accepted (at once if one was).
     pub async fn first_config(&mut self) {
         let _ = self.loaded.wait_for(|loaded| *loaded).await;
+    }
+
+    /// Why the last stream failed or ended, if one did (cleared when a
+    /// response arrives); for status pages and tests.
+    pub fn last_error(&self) -> watch::Receiver<Option<String>> {
+        self.errors.clone()
     }
 
     /// Whether a snapshot has been accepted.
@@ -144,7 +169,7 @@ impl XdsHandle {
 /// # Errors
 ///
 /// The node metadata is not a JSON object, the server address is invalid, or
-/// TLS is asked for.
+/// the TLS files cannot be read.
 pub fn spawn<F>(
     config: XdsConfig,
     sink: F,
@@ -153,9 +178,6 @@ pub fn spawn<F>(
 where
     F: FnMut(Snapshot) + Send + 'static,
 {
-    if config.xds_tls {
-        return Err(XdsError::Tls);
-    }
     let node = Node {
         id: config.xds_node_id.clone(),
         metadata: metadata(&config.xds_node_metadata)?,
@@ -169,18 +191,28 @@ where
     };
     let uri = if config.xds_server.contains("://") {
         config.xds_server.clone()
+    } else if config.xds_tls {
+        format!("https://{}", config.xds_server)
     } else {
         format!("http://{}", config.xds_server)
     };
-    let endpoint = Endpoint::from_shared(uri)
+    let mut endpoint = Endpoint::from_shared(uri)
         .map_err(|e| XdsError::Server(config.xds_server.clone(), e.to_string()))?;
+    if config.xds_tls {
+        endpoint = endpoint
+            .tls_config(tls(&config)?)
+            .map_err(|e| XdsError::Tls(e.to_string()))?;
+    }
     let (loaded_tx, loaded) = watch::channel(false);
+    let force_start = config.force_start_without_initial_config;
+    let (errors_tx, errors) = watch::channel(None);
     let client = Client {
         config,
         node,
         endpoint,
         sink,
         loaded: loaded_tx,
+        errors: errors_tx,
         acked: String::new(),
         nonce: String::new(),
     };
@@ -190,7 +222,66 @@ where
             () = shutdown.cancelled() => {}
         }
     });
-    Ok(XdsHandle { task, loaded })
+    Ok(XdsHandle {
+        task,
+        loaded,
+        errors,
+        force_start,
+    })
+}
+
+/// The client side of TLS to the management server.
+fn tls(config: &XdsConfig) -> Result<ClientTlsConfig, XdsError> {
+    let read = |what: &str, path: &str| {
+        std::fs::read(path).map_err(|e| XdsError::Tls(format!("cannot read {what} '{path}': {e}")))
+    };
+    let mut tls = ClientTlsConfig::new();
+    tls = match &config.xds_tls_ca_cert {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read("xds_tls_ca_cert", ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let Some(san) = config.xds_tls_san.as_deref().filter(|s| !s.is_empty()) {
+        tls = tls.domain_name(san);
+    }
+    match (&config.xds_tls_cert, &config.xds_tls_key) {
+        (Some(cert), Some(key)) => {
+            tls = tls.identity(Identity::from_pem(
+                read("xds_tls_cert", cert)?,
+                read("xds_tls_key", key)?,
+            ));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(XdsError::Tls(
+                "xds_tls_cert and xds_tls_key go together".into(),
+            ));
+        }
+    }
+    Ok(tls)
+}
+
+/// A decision service that refuses requests until xDS delivered rules; see
+/// [`XdsHandle::gate`].
+pub struct Gated<S> {
+    inner: S,
+    loaded: watch::Receiver<bool>,
+}
+
+/// Upstream's message when no configuration was loaded yet.
+pub const NO_CONFIG: &str = "no rate limit configuration loaded";
+
+#[tonic::async_trait]
+impl<S: crate::proto::RateLimitService> crate::proto::RateLimitService for Gated<S> {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<crate::proto::RateLimitRequest>,
+    ) -> Result<tonic::Response<crate::proto::RateLimitResponse>, tonic::Status> {
+        if !*self.loaded.borrow() {
+            // Upstream returns a plain Go error here, which gRPC sends as UNKNOWN.
+            return Err(tonic::Status::unknown(NO_CONFIG));
+        }
+        self.inner.should_rate_limit(request).await
+    }
 }
 
 /// `Node.metadata` from a JSON object string.
@@ -252,6 +343,7 @@ struct Client<F> {
     endpoint: Endpoint,
     sink: F,
     loaded: watch::Sender<bool>,
+    errors: watch::Sender<Option<String>>,
     /// The last version accepted; empty before the first.
     acked: String,
     /// The nonce of the last response received.
@@ -268,9 +360,11 @@ impl<F: FnMut(Snapshot)> Client<F> {
                         attempt = 0;
                     }
                     tracing::warn!(server = %self.config.xds_server, "xDS stream ended; keeping the rules in force");
+                    let _ = self.errors.send(Some("stream ended".into()));
                 }
                 Err(e) => {
                     tracing::warn!(server = %self.config.xds_server, error = %e, "xDS stream failed; keeping the rules in force");
+                    let _ = self.errors.send(Some(e));
                 }
             }
             tokio::time::sleep(backoff(&self.config, attempt)).await;
@@ -279,12 +373,8 @@ impl<F: FnMut(Snapshot)> Client<F> {
     }
 
     /// One stream, until it ends. `Ok(true)` when at least one response came.
-    async fn stream(&mut self) -> Result<bool, tonic::Status> {
-        let channel = self
-            .endpoint
-            .connect()
-            .await
-            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    async fn stream(&mut self) -> Result<bool, String> {
+        let channel = self.endpoint.connect().await.map_err(|e| chain(&e))?;
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(self.config.xds_max_message_bytes);
         let (tx, rx) = mpsc::channel(4);
@@ -293,10 +383,14 @@ impl<F: FnMut(Snapshot)> Client<F> {
         let _ = tx.send(self.request(None)).await;
         let mut inbound = client
             .stream_aggregated_resources(ReceiverStream::new(rx))
-            .await?
+            .await
+            .map_err(|e| chain(&e))?
             .into_inner();
         let mut answered = false;
-        while let Some(response) = inbound.message().await? {
+        while let Some(response) = inbound.message().await.map_err(|e| chain(&e))? {
+            if !answered {
+                let _ = self.errors.send(None);
+            }
             answered = true;
             let reply = self.answer(response);
             if tx.send(reply).await.is_err() {
@@ -362,6 +456,18 @@ fn decode(response: &DiscoveryResponse) -> Result<Vec<RateLimitConfig>, String> 
                 .map_err(|e| format!("resource {i} is not a RateLimitConfig: {e}"))
         })
         .collect()
+}
+
+/// An error and its causes, so a TLS failure says what failed.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn describe(errors: &[ConfigError]) -> String {
