@@ -10,6 +10,7 @@ mod support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -29,6 +30,7 @@ use sluice::proto::envoy::service::discovery::v3::{
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
+use sluice::reload::{Reload, Trigger};
 use sluice::rules::RuleSet;
 use sluice::service::RateLimitService;
 use sluice::store::{MemoryStore, MemoryStoreConfig};
@@ -279,6 +281,8 @@ struct Fed {
     limiter: Arc<Limiter<MemoryStore>>,
     handle: XdsHandle,
     shutdown: CancellationToken,
+    /// Refused snapshots the sink was told of.
+    failures: Arc<AtomicUsize>,
 }
 
 impl Drop for Fed {
@@ -305,10 +309,20 @@ impl Fed {
         let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
         let limiter = Arc::new(Limiter::new(RuleSet::default(), store, Bounds::default()));
         let sink_limiter = limiter.clone();
+        let failures = Arc::new(AtomicUsize::new(0));
+        let sink_failures = failures.clone();
         let shutdown = CancellationToken::new();
         let handle = xds::spawn(
             config,
-            move |snapshot| sink_limiter.replace_rules(snapshot.rules),
+            move |reload: Reload| {
+                assert_eq!(reload.trigger, Trigger::Xds);
+                match reload.result {
+                    Ok(rules) => sink_limiter.replace_rules(rules),
+                    Err(_) => {
+                        sink_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            },
             shutdown.clone(),
         )
         .expect("the client starts");
@@ -317,6 +331,7 @@ impl Fed {
             limiter,
             handle,
             shutdown,
+            failures,
         }
     }
 
@@ -429,6 +444,11 @@ async fn a_bad_version_is_nacked_every_time_and_the_old_limits_stay() {
     let again = server.answer_to(&nonce).await;
     assert_eq!(again.version_info, "v1");
     assert!(again.error_detail.is_some(), "the re-send is NACKed too");
+    assert_eq!(
+        fed.failures.load(Ordering::Relaxed),
+        2,
+        "each refusal reaches the sink"
+    );
 
     // Duplicate domains are refused the same way.
     server.push("v3", vec![per_minute("a", 1), per_minute("a", 2)]);

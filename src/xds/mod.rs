@@ -30,7 +30,9 @@ use crate::proto::envoy::service::discovery::v3::{
 };
 use crate::proto::google::rpc::Status;
 use crate::proto::ratelimit::config::ratelimit::v3::RateLimitConfig;
-use crate::rules::{ConfigError, RuleSet, xds::compile_snapshot};
+use crate::reload::{Reload, Trigger};
+use crate::rules::ConfigError;
+use crate::rules::xds::{compile_snapshot, source_label};
 
 /// The resource type Sluice subscribes to.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -96,15 +98,6 @@ impl Default for XdsConfig {
     }
 }
 
-/// One accepted snapshot: the whole rule state, to put in force.
-#[derive(Debug)]
-pub struct Snapshot {
-    /// The snapshot's `version_info`.
-    pub version: String,
-    /// Every domain of the snapshot.
-    pub rules: RuleSet,
-}
-
 /// A configuration the client cannot start with.
 #[derive(Debug, thiserror::Error)]
 pub enum XdsError {
@@ -162,8 +155,10 @@ impl XdsHandle {
     }
 }
 
-/// Starts the client; `sink` gets each accepted snapshot, in order, before it
-/// is ACKed. Runs until `shutdown` is cancelled. Must be called within a
+/// Starts the client; `sink` gets each snapshot's outcome, in order, as a
+/// [`Reload`] with trigger [`Trigger::Xds`] (so the file reload's sink serves
+/// as is): `Ok` with the whole rule state before it is ACKed, `Err` with the
+/// errors before it is NACKed. Runs until `shutdown` is cancelled. Must be called within a
 /// Tokio runtime.
 ///
 /// # Errors
@@ -176,7 +171,7 @@ pub fn spawn<F>(
     shutdown: CancellationToken,
 ) -> Result<XdsHandle, XdsError>
 where
-    F: FnMut(Snapshot) + Send + 'static,
+    F: FnMut(Reload) + Send + 'static,
 {
     let node = Node {
         id: config.xds_node_id.clone(),
@@ -350,7 +345,7 @@ struct Client<F> {
     nonce: String,
 }
 
-impl<F: FnMut(Snapshot)> Client<F> {
+impl<F: FnMut(Reload)> Client<F> {
     async fn run(mut self) {
         let mut attempt = 0;
         loop {
@@ -403,20 +398,25 @@ impl<F: FnMut(Snapshot)> Client<F> {
     /// Applies or rejects one response, and the request that says so.
     fn answer(&mut self, response: DiscoveryResponse) -> DiscoveryRequest {
         self.nonce = response.nonce.clone();
-        match decode(&response).and_then(|configs| {
-            compile_snapshot(&response.version_info, &configs).map_err(|errs| describe(&errs))
-        }) {
+        match decode(&response)
+            .and_then(|configs| compile_snapshot(&response.version_info, &configs))
+        {
             Ok(rules) => {
                 tracing::info!(version = %response.version_info, "xDS rules accepted");
-                (self.sink)(Snapshot {
-                    version: response.version_info.clone(),
-                    rules,
+                (self.sink)(Reload {
+                    result: Ok(rules),
+                    trigger: Trigger::Xds,
                 });
                 self.acked = response.version_info;
                 let _ = self.loaded.send(true);
                 self.request(None)
             }
-            Err(message) => {
+            Err(errors) => {
+                let message = describe(&errors);
+                (self.sink)(Reload {
+                    result: Err(errors),
+                    trigger: Trigger::Xds,
+                });
                 tracing::error!(version = %response.version_info, error = %message, "xDS rules rejected; keeping the rules in force");
                 self.request(Some(message))
             }
@@ -440,20 +440,28 @@ impl<F: FnMut(Snapshot)> Client<F> {
 }
 
 /// The snapshot's configs, or why they cannot be read.
-fn decode(response: &DiscoveryResponse) -> Result<Vec<RateLimitConfig>, String> {
+fn decode(response: &DiscoveryResponse) -> Result<Vec<RateLimitConfig>, Vec<ConfigError>> {
+    let error = |message: String| {
+        vec![ConfigError {
+            file: source_label(&response.version_info),
+            line: 0,
+            path: String::new(),
+            message,
+        }]
+    };
     response
         .resources
         .iter()
         .enumerate()
         .map(|(i, any)| {
             if any.type_url != TYPE_URL {
-                return Err(format!(
+                return Err(error(format!(
                     "resource {i} has type '{}', expected '{TYPE_URL}'",
                     any.type_url
-                ));
+                )));
             }
             RateLimitConfig::decode(any.value.as_slice())
-                .map_err(|e| format!("resource {i} is not a RateLimitConfig: {e}"))
+                .map_err(|e| error(format!("resource {i} is not a RateLimitConfig: {e}")))
         })
         .collect()
 }
