@@ -627,6 +627,27 @@ descriptors:
     }
 }
 
+#[tokio::test]
+async fn a_response_over_the_size_cap_is_refused() {
+    let server = Management::start(None).await;
+    let big: Vec<RateLimitConfig> = (0..50).map(|i| per_minute(&format!("d{i}"), 1)).collect();
+    assert!(big.iter().map(Message::encoded_len).sum::<usize>() > 512);
+    server.push("v1", big);
+    let fed = Fed::start(XdsConfig {
+        xds_max_message_bytes: 512,
+        ..client_config(server.addr)
+    });
+    let mut errors = fed.handle.last_error();
+    let error = tokio::time::timeout(TIMEOUT, errors.wait_for(Option::is_some))
+        .await
+        .expect("the stream fails")
+        .unwrap()
+        .clone()
+        .unwrap();
+    assert!(error.contains("message length too large"), "{error}");
+    assert!(!fed.handle.has_config());
+}
+
 // ----------------------------------------------------------------- mTLS
 
 struct Pki {

@@ -485,3 +485,62 @@ fn describe(errors: &[ConfigError]) -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn knobs(jitter: bool) -> XdsConfig {
+        XdsConfig {
+            xds_backoff_initial_ms: 100,
+            xds_backoff_max_ms: 1_000,
+            xds_backoff_random_factor: 0.5,
+            xds_backoff_jitter: jitter,
+            ..XdsConfig::default()
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_max() {
+        let config = knobs(false);
+        let delays: Vec<u64> = (0..6)
+            .map(|a| u64::try_from(backoff(&config, a).as_millis()).unwrap())
+            .collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1_000, 1_000]);
+        assert_eq!(backoff(&config, u32::MAX), Duration::from_millis(1_000));
+    }
+
+    #[test]
+    fn jitter_stays_within_the_random_factor() {
+        let config = knobs(true);
+        for attempt in 0..8 {
+            let base = backoff(&knobs(false), attempt).as_millis();
+            for _ in 0..50 {
+                let d = backoff(&config, attempt).as_millis();
+                assert!(d >= base / 2 && d <= base * 3 / 2, "{d} vs {base}");
+            }
+        }
+    }
+
+    #[test]
+    fn upstream_backoff_defaults() {
+        let d = XdsConfig::default();
+        assert_eq!(
+            (d.xds_backoff_initial_ms, d.xds_backoff_max_ms),
+            (10_000, 60_000)
+        );
+        assert!((d.xds_backoff_random_factor - 0.5).abs() < f64::EPSILON);
+        assert!(d.xds_backoff_jitter);
+    }
+
+    #[test]
+    fn node_metadata_must_be_a_json_object() {
+        let meta = metadata(r#"{"a": {"b": [1, "x", true, null]}}"#)
+            .unwrap()
+            .unwrap();
+        assert!(meta.fields.contains_key("a"));
+        assert!(metadata("").unwrap().is_none());
+        assert!(matches!(metadata("[1]"), Err(XdsError::Metadata(_))));
+        assert!(matches!(metadata("{"), Err(XdsError::Metadata(_))));
+    }
+}
