@@ -486,6 +486,15 @@ async fn rules_survive_the_server_going_away_and_updates_resume() {
 
     server.push("v2", vec![per_minute("xds", 5)]);
     server.restart().await;
+    let first = server.next().await;
+    assert_eq!(
+        first.version_info, "v1",
+        "the new stream names the rules in force"
+    );
+    assert!(
+        first.response_nonce.is_empty(),
+        "nonces do not cross streams"
+    );
     let nonce = server.nonce_of("v2").await;
     let ack = server.answer_to(&nonce).await;
     assert_eq!(ack.version_info, "v2");

@@ -373,8 +373,9 @@ impl<F: FnMut(Reload)> Client<F> {
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(self.config.xds_max_message_bytes);
         let (tx, rx) = mpsc::channel(4);
-        // The first request names the last good version and nonce, so a
-        // server that remembers need not resend it.
+        // The first request names the last good version, so a server that
+        // remembers need not resend it; nonces belong to one stream, so none.
+        self.nonce.clear();
         let _ = tx.send(self.request(None)).await;
         let mut inbound = client
             .stream_aggregated_resources(ReceiverStream::new(rx))
