@@ -1,13 +1,23 @@
-//! Compiles the trimmed Envoy RLS and RLQS protos in `proto/` with `protox` (a pure-Rust
+//! Compiles the trimmed Envoy RLS, RLQS and ADS protos and upstream ratelimit's
+//! xDS rule format (`RateLimitConfig`) in `proto/` with `protox` (a pure-Rust
 //! protobuf compiler, so no system `protoc` is needed) and generates the tonic
-//! server and client. The encoded descriptor set is written next to the code for
-//! gRPC server reflection.
+//! servers and clients. The ADS server is generated too: the xDS tests run a
+//! management server in Rust. The encoded descriptor set is written next to the
+//! code for gRPC server reflection.
 
 use std::{env, fs, path::PathBuf};
 
+/// The services Sluice serves: the only ones gRPC reflection lists.
 const PROTOS: &[&str] = &[
     "envoy/service/ratelimit/v3/rls.proto",
     "envoy/service/rate_limit_quota/v3/rlqs.proto",
+];
+
+/// What the xDS client speaks. Sluice is an ADS client, never a server, so these
+/// stay out of the reflection descriptor set.
+const XDS_PROTOS: &[&str] = &[
+    "envoy/service/discovery/v3/ads.proto",
+    "ratelimit/config/ratelimit/v3/rls_conf.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("sluice_descriptor.bin"),
         compiler.encode_file_descriptor_set(),
     )?;
+    compiler.open_files(XDS_PROTOS)?;
 
     tonic_prost_build::configure()
         .build_server(true)

@@ -119,10 +119,13 @@ async fn rlconfig<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> String
     describe_rules(&admin.limiter.rules())
 }
 
-/// One line per rule: `domain/key=value/key: limits; flags`.
+/// Per domain, where it came from (`# domain NAME from SOURCE`: a file path,
+/// or `xds:VERSION/RESOURCE`), then one line per rule:
+/// `domain/key=value/key: limits; flags`.
 pub fn describe_rules(rules: &RuleSet) -> String {
     let mut out = String::new();
     for domain in rules.domains() {
+        let _ = writeln!(out, "# domain {} from {}", domain.name(), domain.source());
         for rule in domain.rules() {
             let _ = write!(out, "{}: ", rule.path);
             if rule.unlimited {

@@ -49,3 +49,4 @@ pub mod service;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod xds;

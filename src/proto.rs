@@ -1,5 +1,5 @@
-//! Generated protobuf and gRPC code for Envoy's RLS v3 and RLQS v3 APIs, and
-//! nothing else.
+//! Generated protobuf and gRPC code for Envoy's RLS v3, RLQS v3 and ADS (SotW)
+//! APIs, and upstream ratelimit's xDS rule format; nothing else.
 //!
 //! The modules mirror the protobuf packages because the generated code refers
 //! across packages by relative path. The rest of the crate uses the short
@@ -18,6 +18,11 @@ pub mod envoy {
         pub mod rate_limit_quota {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.rate_limit_quota.v3");
+            }
+        }
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
             }
         }
     }
@@ -40,6 +45,24 @@ pub mod envoy {
     pub mod r#type {
         pub mod v3 {
             include!(concat!(env!("OUT_DIR"), "/envoy.r#type.v3.rs"));
+        }
+    }
+}
+
+/// `google.rpc.Status`, the `error_detail` of an xDS NACK.
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// envoyproxy/ratelimit's rule format over xDS (`RateLimitConfig`), used only by `xds`.
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
+            }
         }
     }
 }

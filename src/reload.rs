@@ -83,6 +83,8 @@ pub enum Trigger {
     FileChange,
     /// SIGHUP.
     Signal,
+    /// A snapshot from the xDS management server ([`crate::xds`]).
+    Xds,
 }
 
 impl fmt::Display for Trigger {
@@ -90,6 +92,7 @@ impl fmt::Display for Trigger {
         f.write_str(match self {
             Trigger::FileChange => "file change",
             Trigger::Signal => "SIGHUP",
+            Trigger::Xds => "xDS",
         })
     }
 }

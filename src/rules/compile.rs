@@ -92,21 +92,7 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
             }
         };
         match parse_domain(&label, &bytes) {
-            Ok(domain) => match seen.get(&domain.name) {
-                Some(first) => errors.push(ConfigError {
-                    file: label,
-                    line: domain.line,
-                    path: domain.name.clone(),
-                    message: format!(
-                        "duplicate domain '{}' (already defined in {first})",
-                        domain.name
-                    ),
-                }),
-                None => {
-                    seen.insert(domain.name.clone(), label);
-                    domains.push(domain);
-                }
-            },
+            Ok(domain) => add_domain(domain, label, &mut seen, &mut domains, &mut errors),
             Err(errs) => errors.extend(errs),
         }
     }
@@ -114,6 +100,33 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
         Ok(RuleSet::from_domains(domains))
     } else {
         Err(errors)
+    }
+}
+
+/// Adds a compiled domain to the set being built, or an error when a domain
+/// of that name came earlier (from the source labelled in `seen`). The one
+/// rule for duplicates, whether the domains come from files or from xDS.
+pub(crate) fn add_domain(
+    domain: Domain,
+    label: String,
+    seen: &mut HashMap<String, String>,
+    domains: &mut Vec<Domain>,
+    errors: &mut Vec<ConfigError>,
+) {
+    match seen.get(&domain.name) {
+        Some(first) => errors.push(ConfigError {
+            file: label,
+            line: domain.line,
+            path: domain.name.clone(),
+            message: format!(
+                "duplicate domain '{}' (already defined in {first})",
+                domain.name
+            ),
+        }),
+        None => {
+            seen.insert(domain.name.clone(), label);
+            domains.push(domain);
+        }
     }
 }
 
@@ -241,11 +254,19 @@ pub fn parse_domain(file: &str, bytes: &[u8]) -> Result<Domain, Vec<ConfigError>
             message: format!("invalid YAML: {}", e.message),
         }]
     })?;
+    compile_documents(file, &docs)
+}
+
+/// Compiles the documents of one rules source (exactly one is expected) into
+/// its domain. Files reach it through [`parse_domain`]; xDS resources through
+/// `rules::xds`, as trees built from the protobuf, so both are validated by
+/// the same code.
+pub(crate) fn compile_documents(file: &str, docs: &[Yaml]) -> Result<Domain, Vec<ConfigError>> {
     let mut compiler = Compiler {
         file,
         errors: Vec::new(),
     };
-    let domain = match docs.as_slice() {
+    let domain = match docs {
         [] => compiler.fail(
             0,
             "",

@@ -10,6 +10,7 @@
 mod compile;
 mod duration;
 mod wildcard;
+pub mod xds;
 mod yaml;
 
 use std::collections::HashMap;
