@@ -955,7 +955,7 @@ mod declaration_tests {
                 ("SLUICE_XDS_SERVER", "eg:18001"),
                 ("SLUICE_XDS_BACKOFF_MAX_MS", "9"),
                 ("SLUICE_DEBUG_ADDR", "127.0.0.1:6070"),
-                ("SLUICE_REDIS_PER_SECOND_URL", "redis://ps:6379"),
+                ("SLUICE_XDS_TLS", "true"),
             ]),
         )
         .unwrap();
@@ -964,8 +964,29 @@ mod declaration_tests {
         assert_eq!(s.xds_server.as_deref(), Some("eg:18001"));
         assert_eq!(s.xds_backoff_max_ms, 5);
         assert_eq!(s.debug_addr, Some(SocketAddr::from(([127, 0, 0, 1], 6070))));
-        assert!(s.redis_per_second_url.is_some());
+        assert!(s.xds_tls);
         assert_eq!(Settings::default().counting, Counting::Admitted);
+    }
+
+    #[test]
+    fn settings_declared_but_not_built_stop_start_up() {
+        use clap::Parser as _;
+        let cli = Cli::parse_from(["x"]);
+        for vars in [
+            &[("SLUICE_REDIS_PER_SECOND_URL", "redis://ps:6379")][..],
+            &[("SLUICE_REDIS_TLS_CA_CERT", "/ca.pem")],
+            &[("SLUICE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")],
+            &[
+                ("SLUICE_STATSD_ADDR", "statsd:8125"),
+                ("SLUICE_UPSTREAM_PROMETHEUS_ADDR", "0.0.0.0:19001"),
+            ],
+        ] {
+            let error = Settings::load_from(None, &cli.flags, env(vars)).unwrap_err();
+            assert!(
+                matches!(error, SettingsError::Unsupported { .. }),
+                "{vars:?}: {error}"
+            );
+        }
     }
 
     #[test]
