@@ -533,6 +533,8 @@ impl Settings {
                 ..connections(self.grpc_max_connections)
             },
             http_connections: connections(self.http_max_connections),
+            debug_addr: self.debug_addr,
+            healthy_with_config_loaded: self.healthy_with_config_loaded,
         }
     }
 
