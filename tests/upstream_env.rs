@@ -122,3 +122,38 @@ fn invoked_as_ratelimit_it_serves_from_upstreams_variables() {
     let status = process.0.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// `/healthcheck` of an in-process server with no rules, then with rules.
+async fn healthcheck_without_then_with_rules(with_config_loaded: bool) -> (u16, u16) {
+    use sluice::decision::{Bounds, Limiter};
+    use sluice::limiter::ManualClock;
+    use sluice::store::{MemoryStore, MemoryStoreConfig};
+    use std::sync::Arc;
+    let clock = Arc::new(ManualClock::new(support::T0));
+    let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+    let limiter = Arc::new(Limiter::new(
+        sluice::rules::RuleSet::default(),
+        store,
+        Bounds::default(),
+    ));
+    let options = sluice::server::ServeOptions {
+        healthy_with_config_loaded: with_config_loaded,
+        ..Default::default()
+    };
+    let server = support::Server::start_with_options(limiter.clone(), options, clock).await;
+    let http = server.http;
+    let get = move || {
+        tokio::task::spawn_blocking(move || support::http(http, "GET", "/healthcheck", "").0)
+    };
+    let before = get().await.unwrap();
+    limiter.replace_rules(support::rules(RULES));
+    let after = get().await.unwrap();
+    server.stop().await;
+    (before, after)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_is_200_before_any_rules_unless_asked_to_wait_for_them() {
+    assert_eq!(healthcheck_without_then_with_rules(false).await, (200, 200));
+    assert_eq!(healthcheck_without_then_with_rules(true).await, (500, 200));
+}
