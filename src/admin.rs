@@ -51,6 +51,9 @@ pub struct AdminOptions {
     pub response: ResponseOptions,
     /// Serve `GET`/`DELETE /counters` (setting `admin_counters`).
     pub counters: bool,
+    /// `/healthcheck` answers 200 only once rules are loaded (setting
+    /// `healthy_with_config_loaded`).
+    pub healthy_with_config_loaded: bool,
 }
 
 /// The admin routes over `limiter`.
@@ -83,6 +86,7 @@ pub fn router_with<S: CounterStore>(
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz::<S>))
+        .route("/healthcheck", get(healthcheck::<S>))
         .route("/metrics", get(metrics::<S>))
         .route("/rlconfig", get(rlconfig::<S>))
         .route("/json", post(json::<S>))
@@ -102,6 +106,44 @@ async fn readyz<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response
         )
             .into_response(),
     }
+}
+
+/// envoyproxy/ratelimit's health check: 200 while the process is up, the
+/// store was reached and no SIGTERM has arrived, even before any rules are
+/// loaded unless `healthy_with_config_loaded`; 500 otherwise.
+async fn healthcheck<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response {
+    let healthy = crate::server::readiness(&admin.limiter, &admin.shutdown).and_then(|()| {
+        if admin.options.healthy_with_config_loaded && admin.limiter.rules().domains().count() == 0
+        {
+            Err("no rules loaded")
+        } else {
+            Ok(())
+        }
+    });
+    match healthy {
+        Ok(()) => "OK".into_response(),
+        Err(why) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unhealthy: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// The debug listener's routes (envoyproxy/ratelimit's debug port):
+/// `/rlconfig`, as on the admin port.
+pub fn debug_router<S: CounterStore>(
+    limiter: Arc<Limiter<S>>,
+    shutdown: CancellationToken,
+) -> Router {
+    let state = Arc::new(Admin {
+        limiter,
+        options: AdminOptions::default(),
+        shutdown,
+    });
+    Router::new()
+        .route("/rlconfig", get(rlconfig::<S>))
+        .with_state(state)
 }
 
 async fn metrics<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response {

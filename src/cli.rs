@@ -17,6 +17,29 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The process's arguments, to parse. Invoked as `ratelimit` (the
+/// envoyproxy/ratelimit image's `/bin/ratelimit`), the binary serves with
+/// upstream's environment variables: `ratelimit [FLAGS]` is `sluice serve
+/// --settings-from envoy-ratelimit [FLAGS]`.
+pub fn args() -> Vec<std::ffi::OsString> {
+    rewrite_args(std::env::args_os().collect())
+}
+
+/// As [`args`], from `args` (argv[0] first).
+pub fn rewrite_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let as_upstream = args
+        .first()
+        .and_then(|argv0| std::path::Path::new(argv0).file_name())
+        .is_some_and(|name| name == "ratelimit");
+    if as_upstream {
+        args.splice(
+            1..1,
+            ["serve", "--settings-from", "envoy-ratelimit"].map(Into::into),
+        );
+    }
+    args
+}
+
 /// What to do.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -47,4 +70,35 @@ pub struct CheckConfigArgs {
     /// Rules files or directories to validate
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::upstream::SettingsFrom;
+
+    fn settings_from(args: &[&str]) -> Option<SettingsFrom> {
+        let cli = Cli::parse_from(rewrite_args(args.iter().map(Into::into).collect()));
+        match cli.command {
+            Command::Serve(args) => args.flags.settings_from,
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn invoked_as_ratelimit_it_serves_with_upstreams_settings() {
+        assert_eq!(
+            settings_from(&["/bin/ratelimit"]),
+            Some(SettingsFrom::EnvoyRatelimit)
+        );
+        assert_eq!(
+            settings_from(&["ratelimit", "--shadow-mode", "true"]),
+            Some(SettingsFrom::EnvoyRatelimit)
+        );
+        assert_eq!(settings_from(&["/bin/sluice", "serve"]), None);
+        assert_eq!(
+            settings_from(&["sluice", "serve", "--settings-from", "envoy-ratelimit"]),
+            Some(SettingsFrom::EnvoyRatelimit)
+        );
+    }
 }

@@ -31,7 +31,7 @@ const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(sluice::cli::args());
     let result = match cli.command {
         Command::Serve(args) => serve(*args),
         Command::CheckConfig(args) => Ok(check_config(&args)),

@@ -77,6 +77,14 @@ pub enum ServeError {
     /// The gRPC listener's TLS files could not be loaded.
     #[error("gRPC listener: {0}")]
     Tls(#[from] TlsError),
+    /// The debug listener could not be bound.
+    #[error("debug listener on {addr}: {error}")]
+    Debug {
+        /// Its address.
+        addr: SocketAddr,
+        /// Why.
+        error: io::Error,
+    },
 }
 
 /// How the listeners behave.
@@ -96,6 +104,12 @@ pub struct ServeOptions {
     pub grpc_connections: ConnLimits,
     /// Connections of the admin HTTP listener.
     pub http_connections: ConnLimits,
+    /// Serve `/rlconfig` on this address too (envoyproxy/ratelimit's debug
+    /// port; setting `debug_addr`).
+    pub debug_addr: Option<SocketAddr>,
+    /// `/healthcheck` answers 200 only once rules are loaded (setting
+    /// `healthy_with_config_loaded`).
+    pub healthy_with_config_loaded: bool,
 }
 
 impl Default for ServeOptions {
@@ -111,6 +125,8 @@ impl Default for ServeOptions {
                 max_age: None,
                 ..ConnLimits::default()
             },
+            debug_addr: None,
+            healthy_with_config_loaded: false,
         }
     }
 }
@@ -181,6 +197,8 @@ pub async fn run_with<S: CounterStore>(
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    // Logging is set up by now: name the upstream variables not honoured.
+    crate::settings::upstream::log_deferred();
     let health = health::service(limiter.clone(), shutdown.clone());
     let routes = grpc::routes(
         limiter.clone(),
@@ -246,7 +264,23 @@ pub async fn run_with<S: CounterStore>(
     let admin_options = crate::admin::AdminOptions {
         response: options.response(extras),
         counters: extras.admin_counters,
+        healthy_with_config_loaded: options.healthy_with_config_loaded,
     };
+    if let Some(addr) = options.debug_addr {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|error| ServeError::Debug { addr, error })?;
+        let router = crate::admin::debug_router(limiter.clone(), shutdown.clone());
+        let closed = closing.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(closed.cancelled_owned())
+                .await;
+            if let Err(error) = served {
+                tracing::warn!(%error, "debug listener stopped");
+            }
+        });
+    }
     let router = crate::admin::router_with(limiter.clone(), admin_options, shutdown.clone())
         .merge(rlqs_admin);
     let http1 = http::http1_builder(options.http_connections.handshake_timeout);

@@ -14,6 +14,8 @@ use crate::headers::HeaderMode;
 use crate::limiter::{Counting, MAX_HITS};
 use crate::store::{MemoryStoreConfig, RedisUrl, TimeSource};
 
+pub mod upstream;
+
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -63,6 +65,12 @@ macro_rules! settings {
                 #[serde(skip_serializing_if = "Option::is_none")]
                 pub $name: Option<$fty>,
             )*
+            /// Also read envoyproxy/ratelimit's environment variables, with
+            /// its defaults, under SLUICE_… variables and flags (the default
+            /// when the binary runs as `ratelimit`)
+            #[arg(long, value_name = "FROM")]
+            #[serde(skip)]
+            pub settings_from: Option<upstream::SettingsFrom>,
         }
 
         /// Every setting, in declaration order.
@@ -310,6 +318,8 @@ settings! {
     redis_tls_skip_hostname_verification: bool = false, flag bool, "BOOL", upstream "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION";
     "A second Redis for per-second limits (same URL forms as redis_url); none keeps them with the others"
     redis_per_second_url: Option<RedisUrl> = None, flag String, "URL", upstream "REDIS_PERSECOND_URL";
+    "/healthcheck answers 200 only once rules are loaded (otherwise from start-up, as soon as the store was reached)"
+    healthy_with_config_loaded: bool = false, flag bool, "BOOL", upstream "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED";
 }
 
 /// A secret setting: its value never appears in `Debug` output (logs).
@@ -359,6 +369,9 @@ pub enum SettingsError {
         /// Why there is a maximum.
         why: &'static str,
     },
+    /// An envoyproxy/ratelimit variable has a bad value.
+    #[error(transparent)]
+    Upstream(#[from] upstream::UpstreamError),
     /// A certificate without its key, or a key without its certificate.
     #[error("invalid settings: {0} go together; only one is set")]
     Unpaired(&'static str),
@@ -415,6 +428,11 @@ impl Settings {
         env: Option<config::Map<String, String>>,
     ) -> Result<Self, SettingsError> {
         let mut builder = config::Config::builder();
+        if flags.settings_from == Some(upstream::SettingsFrom::EnvoyRatelimit) {
+            let vars = env.clone().unwrap_or_else(upstream::process_env);
+            builder = builder.add_source(upstream::layer(&vars)?);
+            upstream::defer_warnings(upstream::unsupported(&vars));
+        }
         if let Some(file) = file {
             check_keys(file)?;
             builder = builder.add_source(config::File::from(file).required(true));
@@ -601,6 +619,8 @@ impl Settings {
                 ..connections(self.grpc_max_connections)
             },
             http_connections: connections(self.http_max_connections),
+            debug_addr: self.debug_addr,
+            healthy_with_config_loaded: self.healthy_with_config_loaded,
         }
     }
 
@@ -1003,6 +1023,57 @@ mod declaration_tests {
     }
 
     #[test]
+    fn upstream_variables_are_a_layer_under_sluices_own() {
+        let flags = SettingsFlags {
+            settings_from: Some(upstream::SettingsFrom::EnvoyRatelimit),
+            max_entries: Some(7),
+            ..Default::default()
+        };
+        let s = Settings::load_from(
+            None,
+            &flags,
+            env(&[
+                ("PORT", "9000"),
+                ("GRPC_PORT", "9001"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "redis:6379"),
+                ("REDIS_AUTH", "007"),
+                ("REDIS_TIMEOUT", "1m30s"),
+                ("USE_STATSD", "false"),
+                ("LOG_LEVEL", "INFO"),
+                ("SHADOW_MODE", "true"),
+                ("SLUICE_GRPC_ADDR", "127.0.0.1:2000"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.http_addr, SocketAddr::from(([0, 0, 0, 0], 9000)));
+        assert_eq!(s.grpc_addr, SocketAddr::from(([127, 0, 0, 1], 2000)));
+        assert_eq!(s.debug_addr, Some(SocketAddr::from(([0, 0, 0, 0], 6070))));
+        assert_eq!(s.counting, Counting::Always);
+        assert_eq!(s.redis_timeout_ms, 90_000);
+        assert_eq!(s.redis_pool_size, 10);
+        assert_eq!(s.log_level, "info");
+        assert!(s.shadow_mode);
+        assert_eq!(s.statsd_addr, None);
+        assert_eq!(s.max_entries, 7);
+        assert_eq!(
+            s.rules.as_deref(),
+            Some(Path::new("/srv/runtime_data/current/config"))
+        );
+        assert_eq!(s.redis().unwrap().url.expose(), "redis://:007@redis:6379");
+        // SLUICE_COUNTING still wins.
+        let s = Settings::load_from(None, &flags, env(&[("SLUICE_COUNTING", "admitted")])).unwrap();
+        assert_eq!(s.counting, Counting::Admitted);
+        // A bad upstream value fails loading, naming the variable.
+        let err = Settings::load_from(None, &flags, env(&[("PORT", "abc")])).unwrap_err();
+        assert!(err.to_string().contains("PORT=\"abc\""), "{err}");
+        // Without the mode, upstream's variables mean nothing.
+        let s =
+            Settings::load_from(None, &SettingsFlags::default(), env(&[("PORT", "abc")])).unwrap();
+        assert_eq!(s, Settings::default());
+    }
+
+    #[test]
     fn the_docs_table_has_a_row_per_setting() {
         let table = docs_table();
         assert_eq!(table.lines().count(), DECLARED.len() + 2);
@@ -1016,7 +1087,7 @@ mod declaration_tests {
     /// explanations, and tests/deploy.rs checks that each is there.
     #[test]
     fn the_readme_rows_of_the_newer_settings_are_the_generated_ones() {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../../README.md");
         let first_new = DECLARED.iter().position(|d| d.name == "counting").unwrap();
         for d in &DECLARED[first_new..] {
             let row = docs_row(d);

@@ -1,0 +1,159 @@
+//! The binary as a drop-in for envoyproxy/ratelimit: run through a symlink
+//! named `ratelimit` with only upstream's environment variables, it serves
+//! `/healthcheck`, counts in the Redis named by REDIS_URL, serves
+//! `/rlconfig` on the debug port, and fails `/healthcheck` after SIGTERM
+//! while it drains.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use support::Process;
+use support::redis::{Conn, RedisServer, Reply, free_port};
+
+const RULES: &str = "domain: upstream
+descriptors:
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 5}
+";
+
+/// Polls `path` on `addr` until it answers `status`, for at most 20 s.
+fn wait_for(addr: SocketAddr, path: &str, status: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        // Not listening yet: try again.
+        let (got, body) = if std::net::TcpStream::connect(addr).is_ok() {
+            let (got, _, body) = support::http_exchange(addr, "GET", path, "");
+            (got, body)
+        } else {
+            (0, String::new())
+        };
+        if got == status {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr}{path} never answered {status} (last {got}: {body})"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn invoked_as_ratelimit_it_serves_from_upstreams_variables() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules_dir = dir.path().join("runtime/ratelimit/config");
+    std::fs::create_dir_all(&rules_dir).unwrap();
+    std::fs::write(rules_dir.join("rules.yaml"), RULES).unwrap();
+    let binary = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &binary).unwrap();
+    let (http, grpc, debug) = (free_port(), free_port(), free_port());
+
+    let child = Command::new(&binary)
+        .env_clear()
+        .env("HOST", "127.0.0.1")
+        .env("PORT", http.to_string())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", debug.to_string())
+        .env("RUNTIME_ROOT", dir.path().join("runtime"))
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("USE_STATSD", "false")
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{}", redis.port()))
+        // Kubernetes service links: upstream reads none of them.
+        .env("RATELIMIT_PORT", "tcp://10.0.0.1:8081")
+        .env("KUBERNETES_SERVICE_HOST", "10.0.0.2")
+        // Sluice's own settings still apply on top: keep serving (and
+        // failing /healthcheck) for a while after SIGTERM.
+        .env("SLUICE_SHUTDOWN_DELAY_MS", "5000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run ratelimit");
+    let mut process = Process(child);
+    let http: SocketAddr = ([127, 0, 0, 1], http).into();
+    let debug: SocketAddr = ([127, 0, 0, 1], debug).into();
+
+    assert_eq!(wait_for(http, "/healthcheck", 200), "OK");
+    let rlconfig = wait_for(debug, "/rlconfig", 200);
+    assert!(rlconfig.contains("upstream/client"), "{rlconfig}");
+    let (_, _, admin_rlconfig) = support::http_exchange(http, "GET", "/rlconfig", "");
+    assert_eq!(rlconfig, admin_rlconfig);
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let code = runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+            .await
+            .expect("connect to gRPC");
+        let request = support::envoy_request("upstream", &[&[("client", "a")]]);
+        client
+            .should_rate_limit(request)
+            .await
+            .expect("a decision")
+            .into_inner()
+            .overall_code
+    });
+    assert_eq!(code, Code::Ok as i32);
+    let keys = Conn::connect(redis.port())
+        .unwrap()
+        .call(&["KEYS", "*"])
+        .unwrap();
+    let Reply::Array(keys) = keys else {
+        panic!("KEYS answered {keys:?}");
+    };
+    assert!(!keys.is_empty(), "the decision counted nothing in Redis");
+
+    let pid = process.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_for(http, "/healthcheck", 500);
+    let status = process.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// `/healthcheck` of an in-process server with no rules, then with rules.
+async fn healthcheck_without_then_with_rules(with_config_loaded: bool) -> (u16, u16) {
+    use sluice::decision::{Bounds, Limiter};
+    use sluice::limiter::ManualClock;
+    use sluice::store::{MemoryStore, MemoryStoreConfig};
+    use std::sync::Arc;
+    let clock = Arc::new(ManualClock::new(support::T0));
+    let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+    let limiter = Arc::new(Limiter::new(
+        sluice::rules::RuleSet::default(),
+        store,
+        Bounds::default(),
+    ));
+    let options = sluice::server::ServeOptions {
+        healthy_with_config_loaded: with_config_loaded,
+        ..Default::default()
+    };
+    let server = support::Server::start_with_options(limiter.clone(), options, clock).await;
+    let http = server.http;
+    let get = move || {
+        tokio::task::spawn_blocking(move || support::http(http, "GET", "/healthcheck", "").0)
+    };
+    let before = get().await.unwrap();
+    limiter.replace_rules(support::rules(RULES));
+    let after = get().await.unwrap();
+    server.stop().await;
+    (before, after)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_is_200_before_any_rules_unless_asked_to_wait_for_them() {
+    assert_eq!(healthcheck_without_then_with_rules(false).await, (200, 200));
+    assert_eq!(healthcheck_without_then_with_rules(true).await, (500, 200));
+}
