@@ -65,16 +65,21 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             &settings.service_name,
         )?
     };
-    let source = match &settings.rules {
-        Some(path) => RulesSource::Paths(vec![path.clone()]),
-        None => RulesSource::Builtin,
+    let source = match (settings.xds(), &settings.rules) {
+        (Some(xds), _) => RulesFrom::Xds(Box::new(xds)),
+        (None, Some(path)) => RulesFrom::Files(RulesSource::Paths(vec![path.clone()])),
+        (None, None) => RulesFrom::Files(RulesSource::Builtin),
     };
-    let rules = source.load().map_err(|errors| {
-        for e in &errors {
-            tracing::error!("{e}");
-        }
-        anyhow::anyhow!("the rules have {} error(s); not starting", errors.len())
-    })?;
+    let rules = match &source {
+        // Nothing until the management server sends a snapshot.
+        RulesFrom::Xds(_) => RuleSet::default(),
+        RulesFrom::Files(files) => files.load().map_err(|errors| {
+            for e in &errors {
+                tracing::error!("{e}");
+            }
+            anyhow::anyhow!("the rules have {} error(s); not starting", errors.len())
+        })?,
+    };
     let domains = rules.domains().count();
 
     let served = runtime.block_on(async {
@@ -151,9 +156,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 async fn serve_with<S: CounterStore>(
     store: S,
     rules: RuleSet,
-    source: &RulesSource,
+    source: &RulesFrom,
     settings: &Settings,
-    listeners: Listeners,
+    mut listeners: Listeners,
     shutdown: CancellationToken,
     started: impl FnOnce(&Arc<Limiter<S>>),
 ) -> anyhow::Result<Arc<Limiter<S>>> {
@@ -172,7 +177,33 @@ async fn serve_with<S: CounterStore>(
             .with_upstream_stats(upstream.as_ref().map(|running| running.stats.clone())),
     );
     limiter.metrics().record_rules_loaded(unix_now());
-    watch_rules(source, &limiter, &shutdown)?;
+    // Kept while serving: dropping it does not stop the client, but the
+    // handle is what the gate and readiness read.
+    let _xds = match source {
+        RulesFrom::Files(files) => {
+            watch_rules(files, &limiter, &shutdown)?;
+            None
+        }
+        RulesFrom::Xds(config) => {
+            let mut handle = sluice::xds::spawn(
+                (**config).clone(),
+                reload_sink(&limiter),
+                shutdown.clone(),
+            )
+            .context("starting the xDS client")?;
+            if config.force_start_without_initial_config {
+                listeners = listeners.with_rules_gate(handle.loaded());
+            } else {
+                // Upstream's start: block until the first snapshot.
+                tracing::info!(server = %config.xds_server, "waiting for the first rules from xDS");
+                tokio::select! {
+                    () = handle.first_config() => {}
+                    () = shutdown.cancelled() => return Ok(limiter),
+                }
+            }
+            Some(handle)
+        }
+    };
     started(&limiter);
     let mut options = settings.serve_options();
     if let Some(limit) = open_files_limit() {
@@ -197,23 +228,36 @@ fn watch_rules<S: CounterStore>(
     limiter: &Arc<Limiter<S>>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let limiter = Arc::clone(limiter);
-    sluice::reload::watch(
-        source.clone(),
-        move |reload| match reload.result {
-            Ok(rules) => {
-                limiter.replace_rules(rules);
-                limiter.metrics().record_reload(true, unix_now());
-            }
-            Err(_) => {
-                limiter.metrics().record_reload(false, unix_now());
-                limiter.rules_refused();
-            }
-        },
-        shutdown.clone(),
-    )
-    .context("watching the rules for changes")?;
+    sluice::reload::watch(source.clone(), reload_sink(limiter), shutdown.clone())
+        .context("watching the rules for changes")?;
     Ok(())
+}
+
+/// Where rules come from.
+#[derive(Debug)]
+enum RulesFrom {
+    /// Files (or the built-in examples), watched for changes.
+    Files(RulesSource),
+    /// An xDS management server.
+    Xds(Box<sluice::xds::XdsConfig>),
+}
+
+/// What a reload (from files or xDS) does: a good set replaces the rules in
+/// force, a bad one is logged and counted and changes nothing.
+fn reload_sink<S: CounterStore>(
+    limiter: &Arc<Limiter<S>>,
+) -> impl FnMut(sluice::reload::Reload) + Send + 'static {
+    let limiter = Arc::clone(limiter);
+    move |reload| match reload.result {
+        Ok(rules) => {
+            limiter.replace_rules(rules);
+            limiter.metrics().record_reload(true, unix_now());
+        }
+        Err(_) => {
+            limiter.metrics().record_reload(false, unix_now());
+            limiter.rules_refused();
+        }
+    }
 }
 
 /// File descriptors kept for everything but client connections: the

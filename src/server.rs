@@ -37,6 +37,10 @@ pub struct Listeners {
     /// When set, the gRPC listener serves TLS (mutual TLS with a CA file)
     /// instead of plaintext HTTP/2.
     pub grpc_tls: Option<TlsFiles>,
+    /// When set, `ShouldRateLimit` fails as upstream's does ("no rate limit
+    /// configuration loaded") while this says no rules arrived yet (xDS
+    /// started without its first configuration).
+    pub rules_gate: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Listeners {
@@ -46,7 +50,16 @@ impl Listeners {
             grpc: TcpListener::bind(grpc).await?,
             http: TcpListener::bind(http).await?,
             grpc_tls: None,
+            rules_gate: None,
         })
+    }
+
+    /// Refuses decisions while `loaded` is false (see `rules_gate`).
+    pub fn with_rules_gate(self, loaded: tokio::sync::watch::Receiver<bool>) -> Self {
+        Self {
+            rules_gate: Some(loaded),
+            ..self
+        }
     }
 
     /// Serves gRPC over TLS with `files`.
@@ -205,6 +218,7 @@ pub async fn run_with<S: CounterStore>(
         options.response(extras),
         health,
         options.grpc.max_request_bytes,
+        listeners.rules_gate.clone(),
     )?;
 
     let metrics = limiter.metrics();

@@ -400,31 +400,34 @@ pub(crate) fn routes<S: crate::store::CounterStore>(
         impl tonic_health::pb::health_server::Health,
     >,
     max_request_bytes: usize,
+    rules_gate: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Result<Routes, tonic_reflection::server::Error> {
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    Ok(
-        Routes::new(health.max_decoding_message_size(max_request_bytes))
-            .add_service(
-                reflection()
-                    .build_v1()?
-                    .max_decoding_message_size(max_request_bytes),
-            )
-            .add_service(
-                reflection()
-                    .build_v1alpha()?
-                    .max_decoding_message_size(max_request_bytes),
-            )
-            .add_service(
-                pb::RateLimitServiceServer::new(crate::service::RateLimitService::with_options(
-                    limiter, response,
-                ))
+    let routes = Routes::new(health.max_decoding_message_size(max_request_bytes))
+        .add_service(
+            reflection()
+                .build_v1()?
                 .max_decoding_message_size(max_request_bytes),
-            ),
-    )
+        )
+        .add_service(
+            reflection()
+                .build_v1alpha()?
+                .max_decoding_message_size(max_request_bytes),
+        );
+    let service = crate::service::RateLimitService::with_options(limiter, response);
+    Ok(match rules_gate {
+        Some(loaded) => routes.add_service(
+            pb::RateLimitServiceServer::new(crate::xds::Gated::new(service, loaded))
+                .max_decoding_message_size(max_request_bytes),
+        ),
+        None => routes.add_service(
+            pb::RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
+        ),
+    })
 }
 
 #[cfg(test)]

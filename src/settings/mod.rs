@@ -524,6 +524,27 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The xDS client's settings, when rules come from a management server.
+    pub fn xds(&self) -> Option<crate::xds::XdsConfig> {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        Some(crate::xds::XdsConfig {
+            xds_server: self.xds_server.clone()?,
+            xds_node_id: self.xds_node_id.clone(),
+            xds_node_metadata: self.xds_node_metadata.clone().unwrap_or_default(),
+            xds_tls: self.xds_tls,
+            xds_tls_cert: path(&self.xds_tls_cert),
+            xds_tls_key: path(&self.xds_tls_key),
+            xds_tls_ca_cert: path(&self.xds_tls_ca_cert),
+            xds_tls_san: self.xds_tls_san.clone(),
+            xds_backoff_initial_ms: self.xds_backoff_initial_ms,
+            xds_backoff_max_ms: self.xds_backoff_max_ms,
+            xds_backoff_random_factor: self.xds_backoff_random_factor,
+            xds_backoff_jitter: self.xds_backoff_jitter,
+            xds_max_message_bytes: self.xds_max_message_bytes,
+            force_start_without_initial_config: self.force_start_without_initial_config,
+        })
+    }
+
     /// What responses carry besides the decision.
     pub fn serve_extras(&self) -> crate::server::ServeExtras {
         crate::server::ServeExtras {

@@ -132,10 +132,13 @@ impl XdsHandle {
     /// accepted, `ShouldRateLimit` fails as upstream's does (UNKNOWN, "no rate
     /// limit configuration loaded") instead of answering from no rules.
     pub fn gate<S>(&self, inner: S) -> Gated<S> {
-        Gated {
-            inner,
-            loaded: self.loaded.clone(),
-        }
+        Gated::new(inner, self.loaded())
+    }
+
+    /// Whether a first snapshot was accepted, as a watch (for
+    /// [`crate::server::Listeners::with_rules_gate`]).
+    pub fn loaded(&self) -> watch::Receiver<bool> {
+        self.loaded.clone()
     }
 
     /// Resolves once a first snapshot has been accepted (at once if one was).
@@ -260,6 +263,13 @@ fn tls(config: &XdsConfig) -> Result<ClientTlsConfig, XdsError> {
 pub struct Gated<S> {
     inner: S,
     loaded: watch::Receiver<bool>,
+}
+
+impl<S> Gated<S> {
+    /// `inner`, refusing while `loaded` is false.
+    pub fn new(inner: S, loaded: watch::Receiver<bool>) -> Self {
+        Self { inner, loaded }
+    }
 }
 
 /// Upstream's message when no configuration was loaded yet.
