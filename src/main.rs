@@ -185,12 +185,9 @@ async fn serve_with<S: CounterStore>(
             None
         }
         RulesFrom::Xds(config) => {
-            let mut handle = sluice::xds::spawn(
-                (**config).clone(),
-                reload_sink(&limiter),
-                shutdown.clone(),
-            )
-            .context("starting the xDS client")?;
+            let mut handle =
+                sluice::xds::spawn((**config).clone(), reload_sink(&limiter), shutdown.clone())
+                    .context("starting the xDS client")?;
             if config.force_start_without_initial_config {
                 listeners = listeners.with_rules_gate(handle.loaded());
             } else {
