@@ -20,7 +20,9 @@ pub struct Cli {
 /// The process's arguments, to parse. Invoked as `ratelimit` (the
 /// envoyproxy/ratelimit image's `/bin/ratelimit`), the binary serves with
 /// upstream's environment variables: `ratelimit [FLAGS]` is `sluice serve
-/// --settings-from envoy-ratelimit [FLAGS]`.
+/// --settings-from envoy-ratelimit [FLAGS]`. Given a subcommand
+/// (`ratelimit serve …`, `ratelimit check-config …`), it is Sluice's own
+/// command line, as under any other name.
 pub fn args() -> Vec<std::ffi::OsString> {
     rewrite_args(std::env::args_os().collect())
 }
@@ -31,7 +33,10 @@ pub fn rewrite_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString
         .first()
         .and_then(|argv0| std::path::Path::new(argv0).file_name())
         .is_some_and(|name| name == "ratelimit");
-    if as_upstream {
+    let subcommand = args
+        .get(1)
+        .is_some_and(|arg| !arg.to_string_lossy().starts_with('-'));
+    if as_upstream && !subcommand {
         args.splice(
             1..1,
             ["serve", "--settings-from", "envoy-ratelimit"].map(Into::into),
@@ -96,6 +101,8 @@ mod tests {
             Some(SettingsFrom::EnvoyRatelimit)
         );
         assert_eq!(settings_from(&["/bin/sluice", "serve"]), None);
+        // A subcommand given explicitly is Sluice's command line.
+        assert_eq!(settings_from(&["/bin/ratelimit", "serve"]), None);
         assert_eq!(
             settings_from(&["sluice", "serve", "--settings-from", "envoy-ratelimit"]),
             Some(SettingsFrom::EnvoyRatelimit)
