@@ -20,8 +20,15 @@
 //!   budget to enforce locally; it reads the rules and stays off the RLS path;
 //! - [`reload`] watches the rules files (and SIGHUP) and reloads them,
 //!   keeping the rules in force when a reload fails;
-//! - [`settings`], [`cli`], [`query`], [`bench`], [`telemetry`] and
-//!   [`headers`] serve the binary.
+//! - [`xds`] takes the rules from an xDS management server instead
+//!   (`RateLimitConfig`, ACK/NACK), through the same compiler and the same
+//!   reload sink as files;
+//! - [`admin`] serves the admin HTTP routes (`/json`, `/rlconfig`,
+//!   `/healthcheck`, `/counters`, metrics);
+//! - [`settings`] (one declaration per setting, and envoyproxy/ratelimit's
+//!   variables as a layer over it), [`cli`], [`query`], [`bench`],
+//!   [`telemetry`] (Sluice's metrics, and upstream's stat names with their
+//!   statsd and Prometheus sinks) and [`headers`] serve the binary.
 //!
 //! `rules` and `limiter` import no tokio, tonic or fred.
 
