@@ -21,6 +21,26 @@ pub use token_bucket::{MAX_BUCKET_TICKS, TokenBucket};
 
 use super::{LimitSpec, Millis, Window};
 
+/// Takes up to `hits` off the newest `(time, count)` entries of a log or
+/// bucket list, dropping those left empty; returns how many were taken
+/// (fewer than `hits` only when the list ran empty). What a refund gives
+/// back is usually what was charged last.
+fn take_newest(entries: &mut std::collections::VecDeque<(i64, u64)>, hits: u64) -> u64 {
+    let mut left = hits;
+    while left > 0 {
+        let Some(back) = entries.back_mut() else {
+            break;
+        };
+        let take = back.1.min(left);
+        back.1 -= take;
+        left -= take;
+        if back.1 == 0 {
+            entries.pop_back();
+        }
+    }
+    hits - left
+}
+
 /// How hits are counted over a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {

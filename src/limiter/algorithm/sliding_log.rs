@@ -71,26 +71,14 @@ impl SlidingLog {
         self.total += hits;
     }
 
-    /// Until the oldest entry leaves the window (for an empty log: until a
-    /// hit made now would leave it).
     /// Gives back up to `hits`, newest entries first, never below empty.
     pub fn refund(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
         self.used(spec, now);
-        let mut left = hits;
-        while left > 0 {
-            let Some(back) = self.entries.back_mut() else {
-                break;
-            };
-            let take = back.1.min(left);
-            back.1 -= take;
-            self.total -= take;
-            left -= take;
-            if back.1 == 0 {
-                self.entries.pop_back();
-            }
-        }
+        self.total -= super::take_newest(&mut self.entries, hits);
     }
 
+    /// Until the oldest entry leaves the window (for an empty log: until a
+    /// hit made now would leave it).
     pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
         let oldest = self.entries.front().map_or(signed(now), |&(t, _)| t);
         unsigned(oldest + signed(spec.window.duration_ms) - signed(now))

@@ -80,28 +80,16 @@ impl SlidingWindow {
         self.total = self.total.saturating_add(hits);
     }
 
-    /// Until the oldest counted bucket leaves the window (for an empty counter:
-    /// until a hit made now would leave it).
     /// Gives back up to `hits`, newest buckets first (what is refunded is
     /// usually what was charged last), never below empty. Buckets left empty
     /// are dropped.
     pub fn refund(&mut self, spec: &LimitSpec, now: Millis, hits: u64) {
         self.used(spec, now);
-        let mut left = hits;
-        while left > 0 {
-            let Some(back) = self.buckets.back_mut() else {
-                break;
-            };
-            let take = back.1.min(left);
-            back.1 -= take;
-            self.total -= take;
-            left -= take;
-            if back.1 == 0 {
-                self.buckets.pop_back();
-            }
-        }
+        self.total -= super::take_newest(&mut self.buckets, hits);
     }
 
+    /// Until the oldest counted bucket leaves the window (for an empty counter:
+    /// until a hit made now would leave it).
     pub fn reset_ms(&self, spec: &LimitSpec, now: Millis) -> u64 {
         let (d, p) = shape(&spec.window);
         let index = self
