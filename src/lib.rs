@@ -2,6 +2,10 @@
 //!
 //! A map of the crate, from the wire inwards:
 //!
+//! - [`app`] is the composition root: it builds the whole service from
+//!   [`settings`] (rules source, store, stats sinks, reloads) and serves it
+//!   on bound listeners until shutdown; `main.rs` only adds the command
+//!   line, telemetry and signals;
 //! - [`server`] binds the gRPC and admin HTTP listeners and runs them,
 //!   bounding connections, streams, message sizes and request time;
 //! - [`service`] is the only place protobuf meets the domain: it converts a
@@ -36,6 +40,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod app;
 pub mod bench;
 pub mod cli;
 pub mod decision;

@@ -540,3 +540,56 @@ async fn query_peek_reads_the_counters_without_charging_them() {
     );
     server.stop().await;
 }
+
+/// `sluice::app::run` builds the service a set of settings describes (here:
+/// a rules file, the memory store) on listeners the caller bound, serves
+/// until the token is cancelled, and then returns.
+#[tokio::test]
+async fn app_run_serves_what_the_settings_describe_until_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let env: config::Map<String, String> =
+        [("SLUICE_RULES".to_owned(), rules.display().to_string())].into();
+    let settings = sluice::settings::Settings::load_from(
+        None,
+        &sluice::settings::SettingsFlags::default(),
+        Some(env),
+    )
+    .expect("settings");
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let listeners = sluice::server::Listeners::bind(loopback, loopback)
+        .await
+        .unwrap();
+    let grpc = listeners.grpc_addr().unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let served = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { sluice::app::run(&settings, listeners, shutdown).await }
+    });
+
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let codes: Vec<i32> = {
+        let mut codes = Vec::new();
+        for _ in 0..6 {
+            let response = client
+                .should_rate_limit(envoy_request("e2e", &[&[("client", "a")]]))
+                .await
+                .expect("a decision")
+                .into_inner();
+            codes.push(response.overall_code);
+        }
+        codes
+    };
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, ok, ok, ok, over], "the file's 5/minute");
+
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), served)
+        .await
+        .expect("run returns after shutdown")
+        .expect("no panic")
+        .expect("no error");
+}

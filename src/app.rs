@@ -1,0 +1,300 @@
+//! The composition root: builds the whole service from [`Settings`] (where
+//! the rules come from, the counter store, upstream's stats sinks, the
+//! limiter, reloads from files or xDS) and serves it on listeners the caller
+//! bound, until `shutdown` is cancelled. `main.rs` only parses the command
+//! line, sets up telemetry, binds and turns signals into `shutdown`; tests
+//! start the very same service in-process with [`run`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::decision::Limiter;
+use crate::limiter::SystemClock;
+use crate::reload::Reload;
+use crate::rules::{ConfigError, RuleSet, RulesSource};
+use crate::server::{self, Listeners, ServeError};
+use crate::settings::Settings;
+use crate::store::{CounterStore, MemoryStore, RedisStore, StoreError};
+use crate::telemetry::upstream::UpstreamStats;
+use crate::xds::{XdsConfig, XdsError};
+
+/// How often the memory store drops counters that have expired.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long start-up waits for Redis before serving anyway (requests then
+/// fail UNAVAILABLE until Redis answers).
+const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// File descriptors kept for everything but client connections: the
+/// listening sockets, Redis, the rules watcher, logs, the runtime.
+const RESERVED_FILES: u64 = 64;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The rules files have errors (each one is logged).
+    #[error("the rules have {} error(s); not starting", .0.len())]
+    Rules(Vec<ConfigError>),
+    /// The Redis store could not be set up.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Upstream's stats sinks could not start.
+    #[error("starting the upstream stats sink: {0}")]
+    UpstreamStats(#[from] crate::telemetry::upstream::statsd::StartError),
+    /// The rules files cannot be watched.
+    #[error("watching the rules for changes: {0}")]
+    Watch(std::io::Error),
+    /// The xDS client cannot start.
+    #[error("starting the xDS client: {0}")]
+    Xds(#[from] XdsError),
+    /// The listeners could not serve.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    /// A listening socket has no address.
+    #[error("the listening sockets: {0}")]
+    Listeners(#[from] std::io::Error),
+}
+
+/// Where rules come from.
+#[derive(Debug)]
+enum RulesFrom {
+    /// Files (or the built-in examples), watched for changes.
+    Files(RulesSource),
+    /// An xDS management server.
+    Xds(Box<XdsConfig>),
+}
+
+impl RulesFrom {
+    fn of(settings: &Settings) -> Self {
+        match (settings.xds(), &settings.rules) {
+            (Some(xds), _) => RulesFrom::Xds(Box::new(xds)),
+            (None, Some(path)) => RulesFrom::Files(RulesSource::Paths(vec![path.clone()])),
+            (None, None) => RulesFrom::Files(RulesSource::Builtin),
+        }
+    }
+
+    /// The rules to start with: the files' (every error logged), or none
+    /// until the management server sends a snapshot.
+    fn initial(&self) -> Result<RuleSet, StartError> {
+        match self {
+            RulesFrom::Xds(_) => Ok(RuleSet::default()),
+            RulesFrom::Files(files) => files.load().map_err(|errors| {
+                for e in &errors {
+                    tracing::error!("{e}");
+                }
+                StartError::Rules(errors)
+            }),
+        }
+    }
+}
+
+/// Builds the service `settings` describe and serves it on `listeners`
+/// until `shutdown` is cancelled, then closes the store.
+///
+/// # Errors
+///
+/// Bad rules files, a bad Redis URL, sinks or listeners that cannot start:
+/// each before anything is served.
+pub async fn run(
+    settings: &Settings,
+    mut listeners: Listeners,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    let source = RulesFrom::of(settings);
+    let rules = source.initial()?;
+    if let Some(tls) = settings.grpc_tls() {
+        listeners = listeners.with_grpc_tls(tls);
+    }
+    let (grpc, http) = (listeners.grpc_addr()?, listeners.http_addr()?);
+    let started = |store: &str| {
+        tracing::info!(
+            %grpc,
+            %http,
+            rules = ?source,
+            domains = rules.domains().count(),
+            store,
+            "sluice listening"
+        );
+    };
+    match settings.redis() {
+        Some(redis) => {
+            let store =
+                RedisStore::connect(&redis, Arc::new(SystemClock), REDIS_CONNECT_TIMEOUT).await?;
+            started(&format!("redis {}", redis.url));
+            // Each Redis node has its own breaker inside the store (one per
+            // Cluster primary), so no breaker wraps the whole store.
+            let limiter =
+                serve(store, rules, &source, settings, listeners, shutdown, |_| {}).await?;
+            limiter.store().quit().await;
+        }
+        None => {
+            let store = MemoryStore::new(&settings.memory_store(), Arc::new(SystemClock));
+            started("memory");
+            let sweeper_stop = shutdown.clone();
+            let sweeper = move |limiter: &Arc<Limiter<MemoryStore>>| {
+                tokio::spawn(sweep(limiter.clone(), sweeper_stop));
+            };
+            serve(
+                store, rules, &source, settings, listeners, shutdown, sweeper,
+            )
+            .await?;
+        }
+    }
+    tracing::info!("sluice stopped");
+    Ok(())
+}
+
+/// Puts `rules` in front of `store` and serves until shutdown: upstream
+/// stats, the limiter, reloads from files or xDS, `started` (store-specific
+/// tasks), then the listeners. Returns the limiter so that the caller can
+/// close its store.
+async fn serve<S: CounterStore>(
+    store: S,
+    rules: RuleSet,
+    source: &RulesFrom,
+    settings: &Settings,
+    mut listeners: Listeners,
+    shutdown: CancellationToken,
+    started: impl FnOnce(&Arc<Limiter<S>>),
+) -> Result<Arc<Limiter<S>>, StartError> {
+    // Upstream-named stats: kept alive (and their sinks running) while the
+    // service serves.
+    let upstream = match settings.upstream_stats() {
+        Some(config) => Some(UpstreamStats::start(config).await?),
+        None => None,
+    };
+    let limiter = Arc::new(
+        Limiter::with_options(rules, store, settings.limiter_options())
+            .with_upstream_stats(upstream.as_ref().map(|running| running.stats.clone())),
+    );
+    limiter.metrics().record_rules_loaded(unix_now());
+    // Kept while serving: the handle is what the gate and readiness read.
+    let _xds = match source {
+        RulesFrom::Files(files) => {
+            crate::reload::watch(files.clone(), reload_sink(&limiter), shutdown.clone())
+                .map_err(StartError::Watch)?;
+            None
+        }
+        RulesFrom::Xds(config) => {
+            let mut handle =
+                crate::xds::spawn((**config).clone(), reload_sink(&limiter), shutdown.clone())?;
+            if config.force_start_without_initial_config {
+                listeners = listeners.with_rules_gate(handle.loaded());
+            } else {
+                // Upstream's start: block until the first snapshot.
+                tracing::info!(server = %config.xds_server, "waiting for the first rules from xDS");
+                tokio::select! {
+                    () = handle.first_config() => {}
+                    () = shutdown.cancelled() => return Ok(limiter),
+                }
+            }
+            Some(handle)
+        }
+    };
+    started(&limiter);
+    let mut options = settings.serve_options();
+    if let Some(limit) = open_files_limit() {
+        fit_connections(&mut options, limit, settings.redis_pool_size);
+    }
+    server::run_with(
+        limiter.clone(),
+        options,
+        settings.serve_extras(),
+        listeners,
+        shutdown,
+    )
+    .await?;
+    drop(upstream);
+    Ok(limiter)
+}
+
+/// What a reload (from files or xDS) does: a good set replaces the rules in
+/// force, a bad one is logged and counted and changes nothing.
+fn reload_sink<S: CounterStore>(limiter: &Arc<Limiter<S>>) -> impl FnMut(Reload) + Send + 'static {
+    let limiter = Arc::clone(limiter);
+    move |reload| match reload.result {
+        Ok(rules) => {
+            limiter.replace_rules(rules);
+            limiter.metrics().record_reload(true, unix_now());
+        }
+        Err(_) => {
+            limiter.metrics().record_reload(false, unix_now());
+            limiter.rules_refused();
+        }
+    }
+}
+
+/// The soft limit on open files (`ulimit -n`), from `/proc/self/limits`.
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Lowers both connection caps, in proportion, when together they would
+/// not fit in `limit` open files: past the limit every accept fails, and a
+/// flood of connections on one port would also starve the other (the
+/// kubelet's probes included). A cap refuses clearly; EMFILE does not.
+fn fit_connections(options: &mut server::ServeOptions, limit: u64, redis_pool: usize) {
+    let available = limit.saturating_sub(RESERVED_FILES + redis_pool as u64);
+    let grpc = u64::from(options.grpc_connections.max_connections);
+    let http = u64::from(options.http_connections.max_connections);
+    if grpc + http <= available {
+        return;
+    }
+    let share = |cap: u64| u32::try_from((cap * available / (grpc + http)).max(1)).unwrap_or(1);
+    let (fitted_grpc, fitted_http) = (share(grpc), share(http));
+    tracing::warn!(
+        open_files_limit = limit,
+        grpc_max_connections = fitted_grpc,
+        http_max_connections = fitted_http,
+        "the connection limits do not fit the open-file limit; lowered them (raise ulimit -n to keep them)"
+    );
+    options.grpc_connections.max_connections = fitted_grpc;
+    options.http_connections.max_connections = fitted_http;
+}
+
+/// Seconds since the Unix epoch, for the rules-loaded metric.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Drops expired counters from the memory store every [`SWEEP_INTERVAL`].
+async fn sweep(limiter: Arc<Limiter<MemoryStore>>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => limiter.store().sweep_now(),
+            () = shutdown.cancelled() => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_caps_shrink_to_fit_the_open_file_limit() {
+        let mut options = server::ServeOptions::default();
+        fit_connections(&mut options, 256, 4);
+        let (grpc, http) = (
+            options.grpc_connections.max_connections,
+            options.http_connections.max_connections,
+        );
+        assert!(u64::from(grpc + http) <= 256 - RESERVED_FILES - 4);
+        assert!(grpc > http && http >= 1, "{grpc} {http}");
+
+        let mut roomy = server::ServeOptions::default();
+        fit_connections(&mut roomy, 1 << 20, 4);
+        assert_eq!(roomy.grpc_connections.max_connections, 10_000);
+    }
+}
