@@ -259,6 +259,8 @@ async fn main() {
         }
     };
     let config = RedisStoreConfig {
+        tls: sluice::store::RedisTls::default(),
+        per_second_url: None,
         url: RedisUrl::new(url.clone()),
         pool_size: 4,
         timeout: Duration::from_secs(2),

@@ -48,6 +48,7 @@ pub mod headers;
 #[allow(missing_docs)]
 pub mod limiter;
 pub mod overlimit;
+mod pem;
 #[allow(missing_docs)]
 pub mod proto;
 pub mod query;

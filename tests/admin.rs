@@ -325,6 +325,8 @@ async fn server_with_redis_down(
     let mut redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(T0));
     let config = RedisStoreConfig {
+        tls: sluice::store::RedisTls::default(),
+        per_second_url: None,
         url: RedisUrl::new(redis.url()),
         pool_size: 2,
         timeout: Duration::from_millis(200),

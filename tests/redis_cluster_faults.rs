@@ -54,6 +54,8 @@ async fn store(
 ) -> (Arc<RedisStore>, String) {
     let prefix = support::unique_prefix();
     let config = RedisStoreConfig {
+        tls: sluice::store::RedisTls::default(),
+        per_second_url: None,
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout: Duration::from_secs(1),
@@ -474,6 +476,8 @@ async fn a_hung_master_opens_only_its_own_breaker() {
     let clock = Arc::new(ManualClock::new(support::T0));
     let prefix = support::unique_prefix();
     let config = RedisStoreConfig {
+        tls: sluice::store::RedisTls::default(),
+        per_second_url: None,
         url: RedisUrl::new(cluster.url()),
         pool_size: 1,
         timeout: Duration::from_millis(100),

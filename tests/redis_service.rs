@@ -82,6 +82,8 @@ async fn server_on(url: &str, timeout: Duration) -> Server {
 async fn server_sharing(url: &str, timeout: Duration, prefix: &str) -> Server {
     let clock = Arc::new(ManualClock::new(T0));
     let config = RedisStoreConfig {
+        tls: sluice::store::RedisTls::default(),
+        per_second_url: None,
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,
@@ -473,6 +475,8 @@ async fn acl_users_authenticate_and_wrong_passwords_fail_unavailable() {
 
     let clock = Arc::new(ManualClock::new(T0));
     let config = sluice::store::RedisStoreConfig {
+        tls: sluice::store::RedisTls::default(),
+        per_second_url: None,
         url: sluice::store::RedisUrl::new(redis.url_with_auth("alice", "wrong")),
         pool_size: 1,
         timeout: Duration::from_millis(500),
@@ -592,6 +596,8 @@ async fn a_hot_over_limit_key_costs_redis_nothing_until_it_can_fit_again() {
     let prefix = support::unique_prefix();
     let store = || {
         let config = RedisStoreConfig {
+            tls: sluice::store::RedisTls::default(),
+            per_second_url: None,
             url: RedisUrl::new(redis.url()),
             pool_size: 1,
             timeout: Duration::from_secs(2),

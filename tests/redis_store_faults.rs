@@ -47,6 +47,8 @@ async fn open_with(
     breaker: Option<BreakerConfig>,
 ) -> Arc<RedisStore> {
     let config = RedisStoreConfig {
+        tls: sluice::store::RedisTls::default(),
+        per_second_url: None,
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,

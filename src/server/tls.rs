@@ -16,8 +16,7 @@ use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::CertificateDer;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -111,12 +110,7 @@ fn server_config(files: &TlsFiles, contents: &Contents) -> Result<ServerConfig, 
         what,
     };
     let certs = certificates(&files.cert, &contents.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&contents.key).map_err(|e| {
-        pem_error(
-            &files.key,
-            format!("no PKCS#1, PKCS#8 or SEC1 private key: {e}"),
-        )
-    })?;
+    let key = crate::pem::private_key(&contents.key).map_err(|what| pem_error(&files.key, what))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|source| TlsError::Config {
@@ -156,19 +150,10 @@ fn server_config(files: &TlsFiles, contents: &Contents) -> Result<ServerConfig, 
 
 /// Every certificate in a PEM file; at least one.
 fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::Pem {
-            path: path.to_owned(),
-            what: format!("unreadable certificate: {e}"),
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::Pem {
-            path: path.to_owned(),
-            what: "no certificate (expected a PEM `BEGIN CERTIFICATE` block)".to_owned(),
-        });
-    }
-    Ok(certs)
+    crate::pem::certificates(pem).map_err(|what| TlsError::Pem {
+        path: path.to_owned(),
+        what,
+    })
 }
 
 /// Counters of reloads that took effect and of reloads refused.

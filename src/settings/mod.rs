@@ -196,7 +196,7 @@ settings! {
     max_entry_bytes: usize = Bounds::default().max_entry_bytes, flag usize, "BYTES", upstream "";
     "Largest request or descriptor weight, at most 9007199254740991 (2^53 - 1)"
     max_hits_addend: u64 = Bounds::default().max_hits_addend, flag u64, "N", upstream "";
-    "Keep counters in Redis: redis://[user:pass@]host:port[/db], rediss://… (TLS), redis-cluster://host:port[,host:port…], redis-sentinel://host:port[,…]/service; none keeps counters in memory"
+    "Keep counters in Redis: redis://[user:pass@]host:port[/db], rediss://… (TLS), redis-cluster://host:port[,host:port…], redis-sentinel://host:port[,…]/service, redis+unix:///path; none keeps counters in memory"
     redis_url: Option<RedisUrl> = None, flag String, "URL", upstream "REDIS_URL";
     "Redis password (AUTH, or the password of the user named in the URL); replaces any password in the URL. Prefer SLUICE_REDIS_PASSWORD: a flag shows in the process list"
     redis_password: Option<Secret> = None, flag String, "PASSWORD", upstream "REDIS_AUTH";
@@ -492,29 +492,6 @@ impl Settings {
                 return Err(SettingsError::Unpaired(pair));
             }
         }
-        // Declared for upstream's variables, not built yet: refuse rather
-        // than run without what was asked for.
-        for (set, setting, instead) in [
-            (
-                settings.redis_tls_cert.is_some() || settings.redis_tls_ca_cert.is_some(),
-                "redis_tls_cert / redis_tls_ca_cert",
-                "use a rediss:// redis_url (server certificate checked against the system roots)",
-            ),
-            (
-                settings.redis_tls_skip_hostname_verification,
-                "redis_tls_skip_hostname_verification",
-                "use a certificate whose name matches the Redis host",
-            ),
-            (
-                settings.redis_per_second_url.is_some(),
-                "redis_per_second_url",
-                "per-second limits share redis_url",
-            ),
-        ] {
-            if set {
-                return Err(SettingsError::Unsupported { setting, instead });
-            }
-        }
         if settings.statsd_addr.is_some() && settings.upstream_prometheus_addr.is_some() {
             return Err(SettingsError::Unsupported {
                 setting: "statsd_addr together with upstream_prometheus_addr",
@@ -590,12 +567,20 @@ impl Settings {
 
     /// The Redis store settings, when a Redis URL is set.
     pub fn redis(&self) -> Option<crate::store::RedisStoreConfig> {
+        // `redis_password` keeps the password out of the URLs (a Secret).
+        let with_password = |url: &RedisUrl| match &self.redis_password {
+            Some(password) => url.with_password(password.expose()),
+            None => url.clone(),
+        };
         self.redis_url
             .as_ref()
             .map(|url| crate::store::RedisStoreConfig {
-                url: match &self.redis_password {
-                    Some(password) => url.with_password(password.expose()),
-                    None => url.clone(),
+                url: with_password(url),
+                per_second_url: self.redis_per_second_url.as_ref().map(with_password),
+                tls: crate::store::RedisTls {
+                    ca: self.redis_tls_ca_cert.clone(),
+                    client: self.redis_tls_cert.clone().zip(self.redis_tls_key.clone()),
+                    skip_hostname_verification: self.redis_tls_skip_hostname_verification,
                 },
                 pool_size: self.redis_pool_size,
                 timeout: std::time::Duration::from_millis(self.redis_timeout_ms.max(1)),
@@ -1010,24 +995,45 @@ mod declaration_tests {
     }
 
     #[test]
-    fn settings_declared_but_not_built_stop_start_up() {
+    fn both_upstream_stats_sinks_at_once_stop_start_up() {
         use clap::Parser as _;
         let cli = Cli::parse_from(["x"]);
-        for vars in [
-            &[("SLUICE_REDIS_PER_SECOND_URL", "redis://ps:6379")][..],
-            &[("SLUICE_REDIS_TLS_CA_CERT", "/ca.pem")],
-            &[("SLUICE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")],
-            &[
-                ("SLUICE_STATSD_ADDR", "statsd:8125"),
-                ("SLUICE_UPSTREAM_PROMETHEUS_ADDR", "0.0.0.0:19001"),
-            ],
-        ] {
-            let error = Settings::load_from(None, &cli.flags, env(vars)).unwrap_err();
-            assert!(
-                matches!(error, SettingsError::Unsupported { .. }),
-                "{vars:?}: {error}"
-            );
-        }
+        let vars = [
+            ("SLUICE_STATSD_ADDR", "statsd:8125"),
+            ("SLUICE_UPSTREAM_PROMETHEUS_ADDR", "0.0.0.0:19001"),
+        ];
+        let error = Settings::load_from(None, &cli.flags, env(&vars)).unwrap_err();
+        assert!(
+            matches!(error, SettingsError::Unsupported { .. }),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn redis_tls_files_and_the_per_second_redis_reach_the_store() {
+        let vars = [
+            ("SLUICE_REDIS_URL", "rediss://r:6380"),
+            ("SLUICE_REDIS_PASSWORD", "pw"),
+            ("SLUICE_REDIS_PER_SECOND_URL", "rediss://ps:6380"),
+            ("SLUICE_REDIS_TLS_CA_CERT", "/ca.pem"),
+            ("SLUICE_REDIS_TLS_CERT", "/c.pem"),
+            ("SLUICE_REDIS_TLS_KEY", "/k.pem"),
+            ("SLUICE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ];
+        let s = Settings::load_from(None, &SettingsFlags::default(), env(&vars)).unwrap();
+        let redis = s.redis().expect("a Redis store");
+        assert_eq!(
+            redis.tls,
+            crate::store::RedisTls {
+                ca: Some("/ca.pem".into()),
+                client: Some(("/c.pem".into(), "/k.pem".into())),
+                skip_hostname_verification: true,
+            }
+        );
+        // The password reaches both Redis servers.
+        let per_second = redis.per_second_url.expect("a per-second Redis");
+        assert_eq!(per_second.expose(), "rediss://:pw@ps:6380");
+        assert_eq!(redis.url.expose(), "rediss://:pw@r:6380");
     }
 
     #[test]

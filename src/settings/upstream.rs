@@ -330,32 +330,38 @@ impl Reader<'_> {
             return Ok(None);
         };
         let socket_var = format!("{prefix}_SOCKET_TYPE");
-        match self
+        let type_var = format!("{prefix}_TYPE");
+        let auth = user.map(|u| format!("{u}:@")).unwrap_or_default();
+        // Upstream's default socket type is unix, with a path for a URL; a
+        // host:port URL only works over TCP, so an unset socket type goes
+        // by the URL's form.
+        let unix = match self
             .raw(&socket_var)
             .map(str::to_ascii_lowercase)
             .as_deref()
         {
-            // Upstream's default is unix; a host:port URL there only works
-            // over TCP, so an unset socket type with such a URL means TCP.
-            None | Some("tcp") => {}
-            Some("unix") => {
-                return Err(self.err(
-                    &socket_var,
-                    "Redis over a unix socket is not supported; set it to tcp and REDIS_URL to host:port",
-                ));
-            }
+            None => url.starts_with('/'),
+            Some("tcp") => false,
+            Some("unix") => true,
             Some(_) => return Err(self.err(&socket_var, "expected tcp or unix")),
+        };
+        if unix {
+            if !url.starts_with('/') {
+                return Err(self.err(&url_var, "a unix socket is reached by its absolute path"));
+            }
+            if !self
+                .string(&type_var, "single")
+                .eq_ignore_ascii_case("single")
+            {
+                return Err(self.err(&type_var, "a unix socket serves a single Redis"));
+            }
+            return Ok(Some(format!("redis+unix://{auth}{url}")));
         }
         if url.starts_with('/') {
-            return Err(self.err(
-                &url_var,
-                "a unix socket path; Sluice reaches Redis over TCP only (host:port)",
-            ));
+            return Err(self.err(&socket_var, "a socket path needs the unix socket type"));
         }
         let tls = self.bool("REDIS_TLS", false)?;
         let s = if tls { "s" } else { "" };
-        let auth = user.map(|u| format!("{u}:@")).unwrap_or_default();
-        let type_var = format!("{prefix}_TYPE");
         let hosts: Vec<&str> = url.split(',').map(str::trim).collect();
         let check_hosts = |hosts: &[&str]| {
             for h in hosts {
@@ -856,14 +862,32 @@ mod tests {
         let l = layer(&env(&pass_only)).unwrap();
         assert_eq!(l.get("redis_url"), Some("redis://r:6379"));
         assert_eq!(l.get("redis_password"), Some("hunter2"));
-        // Unix sockets: a clear error naming the variable.
+        // Unix sockets: a path, with the socket type said or left to
+        // upstream's default (unix).
         let unix = [
             ("REDIS_SOCKET_TYPE", "unix"),
             ("REDIS_URL", "/var/run/redis.sock"),
+            ("REDIS_AUTH", "alice:pw"),
         ];
-        assert_eq!(layer(&env(&unix)).unwrap_err().var, "REDIS_SOCKET_TYPE");
+        let l = layer(&env(&unix)).unwrap();
+        assert_eq!(
+            l.get("redis_url"),
+            Some("redis+unix://alice:@/var/run/redis.sock")
+        );
         let path = [("REDIS_URL", "/var/run/redis.sock")];
-        assert_eq!(layer(&env(&path)).unwrap_err().var, "REDIS_URL");
+        assert_eq!(
+            layer(&env(&path)).unwrap().get("redis_url"),
+            Some("redis+unix:///var/run/redis.sock")
+        );
+        let not_a_path = [("REDIS_SOCKET_TYPE", "unix"), ("REDIS_URL", "r:6379")];
+        assert_eq!(layer(&env(&not_a_path)).unwrap_err().var, "REDIS_URL");
+        let path_over_tcp = [("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "/r.sock")];
+        assert_eq!(
+            layer(&env(&path_over_tcp)).unwrap_err().var,
+            "REDIS_SOCKET_TYPE"
+        );
+        let cluster = [("REDIS_TYPE", "cluster"), ("REDIS_URL", "/r.sock")];
+        assert_eq!(layer(&env(&cluster)).unwrap_err().var, "REDIS_TYPE");
         let two = [("REDIS_URL", "a:1,b:2")];
         assert_eq!(layer(&env(&two)).unwrap_err().var, "REDIS_URL");
         let tls = [

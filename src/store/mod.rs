@@ -10,7 +10,8 @@ mod redis;
 pub use breaker::{BreakerConfig, Circuit};
 pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use redis::{
-    LuaScript, RedisStore, RedisStoreConfig, RedisUrl, ScriptRunner, TimeSource, server_info,
+    LuaScript, RedisStore, RedisStoreConfig, RedisTls, RedisUrl, ScriptRunner, TimeSource,
+    server_info,
 };
 
 use std::future::Future;

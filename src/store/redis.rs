@@ -7,6 +7,8 @@
 //! several slots: one call per slot group, in parallel, each counting its part
 //! only if none of its enforcing limits is over; when the request as a whole
 //! is rejected, the parts already counted are refunded (`redis/refund.lua`).
+//! A second Redis for per-second limits (`per_second_url`) is one more
+//! place a part can go, handled the same way.
 //! Between a part's count and its refund, a concurrent request may see those
 //! hits and be rejected; it can never be admitted beyond the limit.
 //!
@@ -31,6 +33,7 @@
 mod cluster;
 mod info;
 mod node;
+mod tls;
 mod url;
 mod wire;
 
@@ -47,6 +50,7 @@ use serde::{Deserialize, Serialize};
 use self::cluster::Cluster;
 pub use self::info::server_info;
 use self::node::{Node, Redirect, Sent};
+pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
 use self::url::parse_url;
 use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
@@ -84,7 +88,7 @@ pub enum TimeSource {
 pub struct RedisStoreConfig {
     /// `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS),
     /// `redis-cluster://host:port[,host:port…]` (`rediss-cluster://` for TLS),
-    /// `redis-sentinel://host:port[,host:port…]/service`.
+    /// `redis-sentinel://host:port[,host:port…]/service`, `redis+unix:///path`.
     pub url: RedisUrl,
     /// Connections (fred clients) per Redis node, used round-robin; each
     /// pipelines.
@@ -98,6 +102,14 @@ pub struct RedisStoreConfig {
     pub time: TimeSource,
     /// The circuit breaker of each node; `None`: no breaker.
     pub breaker: Option<BreakerConfig>,
+    /// TLS files beyond what a `rediss://` URL implies (its CA, a client
+    /// certificate, the host-name check); they need a `rediss` scheme.
+    pub tls: RedisTls,
+    /// A second Redis for per-second limits (envoyproxy/ratelimit's
+    /// `REDIS_PERSECOND`): a descriptor whose limits are all one-second
+    /// windows is counted there, every other one in `url`. `None`: one
+    /// Redis for all.
+    pub per_second_url: Option<RedisUrl>,
 }
 
 /// The Redis counter store.
@@ -113,11 +125,22 @@ pub struct RedisStore {
 /// their callers stopped waiting for.
 struct Shared {
     route: Route,
+    /// Where one-second limits go, when a Redis of their own is set.
+    per_second: Option<Route>,
     decide: Script,
     refund: Script,
     breaker: Option<BreakerConfig>,
     /// The breakers' clock, and the scripts' in local time mode.
     clock: Arc<dyn Clock>,
+}
+
+/// Which Redis a call goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    /// `url`: every counter but those that go to `PerSecond`.
+    Main,
+    /// `per_second_url`, when set.
+    PerSecond,
 }
 
 /// Where calls go.
@@ -165,7 +188,13 @@ impl ScriptRunner {
         let args = args.into_iter().map(Value::from).collect();
         self.shared
             .clone()
-            .send(script.0.clone(), vec![key], args, Guard::Breaker)
+            .send(
+                Target::Main,
+                script.0.clone(),
+                vec![key],
+                args,
+                Guard::Breaker,
+            )
             .await
     }
 }
@@ -180,38 +209,29 @@ impl RedisStore {
         clock: Arc<dyn Clock>,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let fred_config = parse_url(&config.url).map_err(|e| {
-            StoreError::Unavailable(format!("invalid Redis URL {}: {e}", config.url))
-        })?;
-        let size = config.pool_size.max(1);
-        let route = match &fred_config.server {
-            ServerConfig::Clustered { hosts, .. } => {
-                let seeds = hosts.clone();
-                Route::Cluster(Cluster::connect(fred_config, seeds, size, connect_timeout).await)
-            }
-            _ => {
-                let name = config.url.to_string().into();
-                let node = Node::new(name, fred_config, size, connect_timeout)?;
-                Route::Single(Arc::new(node))
-            }
+        let route = Route::connect(&config.url, config, connect_timeout).await?;
+        let per_second = match &config.per_second_url {
+            Some(url) => Some(Route::connect(url, config, connect_timeout).await?),
+            None => None,
         };
         let shared = Arc::new(Shared {
             route,
+            per_second,
             decide: Script::from_lua(DECIDE),
             refund: Script::from_lua(REFUND),
             breaker: config.breaker,
             clock,
         });
-        let nodes = match &shared.route {
-            Route::Single(node) => vec![node.clone()],
-            Route::Cluster(cluster) => cluster.nodes(),
-        };
+        let nodes: Vec<Arc<Node>> = std::iter::once(&shared.route)
+            .chain(&shared.per_second)
+            .flat_map(Route::nodes)
+            .collect();
         let deadline = tokio::time::Instant::now() + connect_timeout;
         for node in &nodes {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if !node.wait_connected(left).await {
                 let e = node.down();
-                tracing::warn!(error = %e, url = %config.url, "Redis not reachable yet; requests fail UNAVAILABLE until it is");
+                tracing::warn!(error = %e, node = %node.name(), "Redis not reachable yet; requests fail UNAVAILABLE until it is");
                 continue;
             }
             // Saves the first call a NOSCRIPT round trip; not required.
@@ -249,9 +269,11 @@ impl RedisStore {
     /// connection stuck in reconnect back-off (Redis down, or refusing our
     /// password) must not hold the process at shutdown.
     pub async fn quit(&self) {
-        match &self.shared.route {
-            Route::Single(node) => node.quit().await,
-            Route::Cluster(cluster) => cluster.quit().await,
+        for route in std::iter::once(&self.shared.route).chain(&self.shared.per_second) {
+            match route {
+                Route::Single(node) => node.quit().await,
+                Route::Cluster(cluster) => cluster.quit().await,
+            }
         }
     }
 
@@ -260,6 +282,7 @@ impl RedisStore {
     /// (see the module docs).
     async fn decide_part(
         &self,
+        target: Target,
         batch: &Batch,
         items: &[usize],
         keys: &[String],
@@ -297,6 +320,7 @@ impl RedisStore {
         let owed = items
             .iter()
             .map(|&i| Owed {
+                target,
                 key: keys[i].clone(),
                 limits: batch.items[i].limits.clone(),
                 hits: batch.items[i].hits,
@@ -307,6 +331,7 @@ impl RedisStore {
         // cancelled) leaves nothing half done.
         let (answer, answered) = tokio::sync::oneshot::channel();
         let call = Call {
+            target,
             keys: part_keys,
             args,
             timeout: self.timeout,
@@ -327,6 +352,75 @@ impl RedisStore {
     }
 }
 
+impl Route {
+    /// Connects to `url` with `config`'s pool, TLS and timeout.
+    async fn connect(
+        url: &RedisUrl,
+        config: &RedisStoreConfig,
+        connect_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let invalid = |e: String| StoreError::Unavailable(format!("invalid Redis URL {url}: {e}"));
+        let mut fred_config = parse_url(url).map_err(invalid)?;
+        if !config.tls.is_default() {
+            if fred_config.tls.is_none() {
+                return Err(invalid(
+                    "TLS files are set but the URL is not rediss:// (REDIS_TLS=true)".into(),
+                ));
+            }
+            fred_config.tls = Some(
+                config
+                    .tls
+                    .connector()
+                    .map_err(StoreError::Unavailable)?
+                    .into(),
+            );
+        }
+        let size = config.pool_size.max(1);
+        Ok(match &fred_config.server {
+            ServerConfig::Clustered { hosts, .. } => {
+                let seeds = hosts.clone();
+                Route::Cluster(Cluster::connect(fred_config, seeds, size, connect_timeout).await)
+            }
+            _ => {
+                let node = Node::new(url.to_string().into(), fred_config, size, connect_timeout)?;
+                Route::Single(Arc::new(node))
+            }
+        })
+    }
+
+    /// The nodes known now.
+    fn nodes(&self) -> Vec<Arc<Node>> {
+        match self {
+            Route::Single(node) => vec![node.clone()],
+            Route::Cluster(cluster) => cluster.nodes(),
+        }
+    }
+}
+
+impl Shared {
+    /// Where counters of `windows` live: the per-second Redis when there is
+    /// one and every window is one second long, the main one otherwise.
+    fn target<'a>(&self, mut windows: impl Iterator<Item = &'a Window>) -> Target {
+        let mut any = false;
+        let all_seconds = windows.all(|w| {
+            any = true;
+            w.duration_ms == 1_000
+        });
+        if self.per_second.is_some() && any && all_seconds {
+            Target::PerSecond
+        } else {
+            Target::Main
+        }
+    }
+
+    fn route(&self, target: Target) -> &Route {
+        match (target, &self.per_second) {
+            (Target::PerSecond, Some(route)) => route,
+            _ => &self.route,
+        }
+    }
+}
+
 /// The slot of a call's keys (all in one slot), 0 for none.
 fn slot_of(keys: &[String]) -> u16 {
     keys.first()
@@ -339,6 +433,7 @@ impl Shared {
     /// anything else.
     async fn send(
         self: Arc<Self>,
+        target: Target,
         script: Script,
         keys: Vec<String>,
         args: Vec<Value>,
@@ -346,7 +441,7 @@ impl Shared {
     ) -> Result<Vec<i64>, StoreError> {
         let script = &script;
         let guard = &guard;
-        let cluster = match &self.route {
+        let cluster = match self.route(target) {
             Route::Single(node) => {
                 return match self.run_on(node, script, &keys, &args, false, guard).await {
                     Sent::Reply(reply) => Ok(reply),
@@ -433,11 +528,11 @@ impl Shared {
 
     /// The caller of a call on `slot` stopped waiting: counts against the
     /// breaker of the node that serves it.
-    fn timed_out(&self, slot: u16, started: u64) {
+    fn timed_out(&self, target: Target, slot: u16, started: u64) {
         let Some(config) = &self.breaker else {
             return;
         };
-        let node = match &self.route {
+        let node = match self.route(target) {
             Route::Single(node) => node.clone(),
             Route::Cluster(cluster) => match cluster.node_for(slot) {
                 Ok(node) => node,
@@ -451,14 +546,16 @@ impl Shared {
     /// slot, since a script may only touch keys of one slot. Each call waits
     /// at most `timeout`; a refund that fails is logged (its hits stay
     /// counted until their window passes).
+    #[allow(clippy::type_complexity)]
     async fn refund(self: &Arc<Self>, parts: Vec<(Owed, Vec<Answer>)>, timeout: Duration) {
-        let mut by_slot: Vec<(u16, Vec<String>, Vec<Value>)> = Vec::new();
+        // (Redis and slot, keys, arguments) of each refund call.
+        let mut by_slot: Vec<((Target, u16), Vec<String>, Vec<Value>)> = Vec::new();
         for (owed, answers) in parts {
-            let slot = fred::util::redis_keyslot(owed.key.as_bytes());
-            let group = match by_slot.iter().position(|(s, _, _)| *s == slot) {
+            let place = (owed.target, fred::util::redis_keyslot(owed.key.as_bytes()));
+            let group = match by_slot.iter().position(|(p, _, _)| *p == place) {
                 Some(g) => g,
                 None => {
-                    by_slot.push((slot, Vec::new(), Vec::new()));
+                    by_slot.push((place, Vec::new(), Vec::new()));
                     by_slot.len() - 1
                 }
             };
@@ -470,11 +567,11 @@ impl Shared {
                 args.extend([Value::from(answer.slot), hits(owed.hits)]);
             }
         }
-        let calls = by_slot.into_iter().map(|(_, keys, args)| {
+        let calls = by_slot.into_iter().map(|((target, _), keys, args)| {
             tokio::time::timeout(
                 timeout,
                 self.clone()
-                    .send(self.refund.clone(), keys, args, Guard::Bypass),
+                    .send(target, self.refund.clone(), keys, args, Guard::Bypass),
             )
         });
         for result in join_all(calls).await {
@@ -490,6 +587,7 @@ impl Shared {
 
 /// What one item of a call counted, should it have to be taken back.
 struct Owed {
+    target: Target,
     key: String,
     limits: Vec<LimitSpec>,
     hits: u64,
@@ -511,6 +609,7 @@ enum Guard {
 /// One decide.lua call of a request: what to send, how long its caller
 /// waits, and what to take back should it count after that.
 struct Call {
+    target: Target,
     keys: Vec<String>,
     args: Vec<Value>,
     timeout: Duration,
@@ -533,6 +632,7 @@ impl Shared {
         let started = self.clock.now();
         let abandoned = Arc::new(AtomicBool::new(false));
         let sent = self.clone().send(
+            call.target,
             self.decide.clone(),
             call.keys,
             call.args,
@@ -546,7 +646,7 @@ impl Shared {
             }
             Err(_) => {
                 abandoned.store(true, Ordering::Relaxed);
-                self.timed_out(slot, started);
+                self.timed_out(call.target, slot, started);
                 let _ = answer.send(Err(StoreError::Timeout(call.timeout)));
                 match tokio::time::timeout(RECONCILE_WAIT, sent).await {
                     Ok(Ok(reply)) => reply,
@@ -598,23 +698,26 @@ impl CounterStore for RedisStore {
     /// a shard down still serves the other shards' slots, and taking this
     /// replica out of rotation would not bring the shard back.
     fn is_ready(&self) -> bool {
-        match &self.shared.route {
-            Route::Single(node) => {
-                node.is_connected()
-                    && (self.shared.breaker.is_none()
-                        || !node.circuit.is_open(self.shared.clock.now()))
-            }
-            Route::Cluster(cluster) => cluster.is_ready(),
-        }
+        std::iter::once(&self.shared.route)
+            .chain(&self.shared.per_second)
+            .all(|route| match route {
+                Route::Single(node) => {
+                    node.is_connected()
+                        && (self.shared.breaker.is_none()
+                            || !node.circuit.is_open(self.shared.clock.now()))
+                }
+                Route::Cluster(cluster) => cluster.is_ready(),
+            })
     }
 
     /// One script call deleting the identity's HASH, on the node that owns
     /// it (the windows share that HASH).
-    async fn reset(&self, identity: &Identity, _windows: &[Window]) -> Result<(), StoreError> {
+    async fn reset(&self, identity: &Identity, windows: &[Window]) -> Result<(), StoreError> {
         let key = identity.storage_key(&self.prefix);
         self.shared
             .clone()
             .send(
+                self.shared.target(windows.iter()),
                 Script::from_lua(RESET),
                 vec![key],
                 Vec::new(),
@@ -635,22 +738,29 @@ impl CounterStore for RedisStore {
         } else {
             Value::from("")
         };
-        // Group items by cluster slot; one group when not on a cluster.
-        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        // Group items by Redis and cluster slot; one group when every
+        // counter lives in one Redis that is not a cluster.
+        let mut groups: Vec<((Target, u16), Vec<usize>)> = Vec::new();
         for (i, key) in keys.iter().enumerate() {
-            let slot = if matches!(self.shared.route, Route::Cluster(_)) {
+            let target = self
+                .shared
+                .target(batch.items[i].limits.iter().map(|l| &l.window));
+            let slot = if matches!(self.shared.route(target), Route::Cluster(_)) {
                 fred::util::redis_keyslot(key.as_bytes())
             } else {
                 0
             };
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
+            match groups.iter_mut().find(|(p, _)| *p == (target, slot)) {
                 Some((_, members)) => members.push(i),
-                None => groups.push((slot, vec![i])),
+                None => groups.push(((target, slot), vec![i])),
             }
         }
         if groups.len() <= 1 {
+            let target = groups.first().map_or(Target::Main, |((t, _), _)| *t);
             let all: Vec<usize> = (0..batch.items.len()).collect();
-            let reply = self.decide_part(batch, &all, &keys, true, &now).await?;
+            let reply = self
+                .decide_part(target, batch, &all, &keys, true, &now)
+                .await?;
             let admitted = reply[0] == 1;
             let mut answers = answers(&reply);
             let limits = batch
@@ -663,11 +773,9 @@ impl CounterStore for RedisStore {
             return Ok(BatchOutcome { admitted, limits });
         }
 
-        let replies = join_all(
-            groups
-                .iter()
-                .map(|(_, items)| self.decide_part(batch, items, &keys, false, &now)),
-        )
+        let replies = join_all(groups.iter().map(|((target, _), items)| {
+            self.decide_part(*target, batch, items, &keys, false, &now)
+        }))
         .await;
         // Each item's limit outcomes and the slots its hits went to, and
         // whether its group counted it. A group that timed out is
@@ -712,6 +820,9 @@ impl CounterStore for RedisStore {
                     }
                     Some((answers, true)) => Some((
                         Owed {
+                            target: self
+                                .shared
+                                .target(batch.items[i].limits.iter().map(|l| &l.window)),
                             key: keys[i].clone(),
                             limits: batch.items[i].limits.clone(),
                             hits: batch.items[i].hits,

@@ -323,6 +323,8 @@ pub async fn redis_store_sharing(
     prefix: &str,
 ) -> RedisStore {
     let config = RedisStoreConfig {
+        tls: sluice::store::RedisTls::default(),
+        per_second_url: None,
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,

@@ -94,6 +94,19 @@ pub(super) fn parse_url(url: &RedisUrl) -> Result<Config, String> {
             None => (None, Some(percent_decode(auth)?)),
         },
     };
+    if scheme == "redis+unix" {
+        if !rest.starts_with('/') {
+            return Err(
+                "redis+unix:// takes the socket's absolute path: redis+unix:///path".into(),
+            );
+        }
+        return Ok(Config {
+            username,
+            password,
+            server: ServerConfig::Unix { path: rest.into() },
+            ..Config::default()
+        });
+    }
     let (hosts, path) = match rest.split_once('/') {
         Some((hosts, path)) => (hosts, Some(path).filter(|p| !p.is_empty())),
         None => (rest, None),
@@ -152,7 +165,7 @@ pub(super) fn parse_url(url: &RedisUrl) -> Result<Config, String> {
         }
         other => {
             return Err(format!(
-                "unsupported scheme '{other}' (use redis, rediss, redis-cluster or redis-sentinel)"
+                "unsupported scheme '{other}' (use redis, rediss, redis+unix, redis-cluster or redis-sentinel)"
             ));
         }
     };
@@ -243,6 +256,11 @@ mod tests {
         assert!(
             matches!(c.server, ServerConfig::Sentinel { ref service_name, .. } if service_name == "mymaster")
         );
+        let c = parse_url(&RedisUrl::new("redis+unix://:pw@/run/redis.sock")).unwrap();
+        assert_eq!(c.password.as_deref(), Some("pw"));
+        assert!(
+            matches!(c.server, ServerConfig::Unix { ref path } if path.as_os_str() == "/run/redis.sock")
+        );
         assert!(
             parse_url(&RedisUrl::new("rediss://redis:6380"))
                 .unwrap()
@@ -256,6 +274,7 @@ mod tests {
             "redis://a:1,b:2",
             "redis-sentinel://h:1",
             "redis://h:1/db",
+            "redis+unix://relative.sock",
         ] {
             assert!(
                 parse_url(&RedisUrl::new(bad)).is_err(),

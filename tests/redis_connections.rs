@@ -1,0 +1,323 @@
+//! How the Redis store reaches Redis beyond plain TCP, against real
+//! `redis-server` processes: TLS with a private CA, a client certificate
+//! (`tls-auth-clients yes`) and a certificate whose name is not the host's
+//! (each refused when it should be); a unix socket; and a second Redis for
+//! per-second limits (envoyproxy/ratelimit's `REDIS_PERSECOND`), exact
+//! across the two.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use sluice::limiter::{Algorithm, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
+use sluice::store::{
+    Batch, BatchItem, CounterStore, RedisStore, RedisStoreConfig, RedisTls, RedisUrl, StoreError,
+    TimeSource,
+};
+use support::per_minute;
+use support::redis::{RedisServer, Reply, free_port};
+
+/// How long a store waits for Redis at start and for each call.
+const WAIT: Duration = Duration::from_secs(2);
+
+fn config(url: &str, tls: RedisTls, per_second_url: Option<String>) -> RedisStoreConfig {
+    RedisStoreConfig {
+        url: RedisUrl::new(url),
+        per_second_url: per_second_url.map(RedisUrl::new),
+        tls,
+        pool_size: 1,
+        timeout: WAIT,
+        key_prefix: support::unique_prefix(),
+        // The test's clock: a one-second window must not roll over mid-test.
+        time: TimeSource::Local,
+        breaker: None,
+    }
+}
+
+async fn connect(config: &RedisStoreConfig) -> Result<RedisStore, StoreError> {
+    RedisStore::connect(config, Arc::new(ManualClock::new(support::T0)), WAIT).await
+}
+
+fn item(name: &str, limit: LimitSpec) -> BatchItem {
+    let mut identity = IdentityBuilder::new("connections");
+    identity.value("id", name);
+    BatchItem {
+        identity: identity.build(),
+        limits: vec![limit],
+        hits: 1,
+        role: Role::Enforce,
+        counting: Counting::Admitted,
+        refund: false,
+    }
+}
+
+fn per_second(requests: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms: 1_000,
+            algorithm: Algorithm::FixedWindow,
+        },
+    }
+}
+
+/// Whether the request of `items` is admitted; panics on a store error.
+async fn admitted(store: &RedisStore, items: &[BatchItem]) -> bool {
+    let batch = Batch {
+        items: items.to_vec(),
+    };
+    store.apply(&batch).await.expect("a decision").admitted
+}
+
+/// What `store` reports used for `item`'s limit, without counting.
+async fn used(store: &RedisStore, item: &BatchItem) -> u64 {
+    let mut peek = item.clone();
+    peek.hits = 0;
+    let batch = Batch { items: vec![peek] };
+    store.apply(&batch).await.expect("a decision").limits[0].used
+}
+
+/// Whether the Redis on `port` holds `key`.
+fn holds(port: u16, key: &str) -> bool {
+    support::redis::query(port, &["EXISTS", key]) == Reply::Integer(1)
+}
+
+// ------------------------------------------------------------------- TLS
+
+/// A CA that signs server and client certificates, written as PEM files.
+struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        Self { issuer }
+    }
+
+    /// Writes `<stem>.crt` and `<stem>.key` for a certificate naming
+    /// `names` (no extended key usage: it serves either side).
+    fn leaf(&self, dir: &Path, stem: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+                .unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (crt, key_path) = (
+            dir.join(format!("{stem}.crt")),
+            dir.join(format!("{stem}.key")),
+        );
+        std::fs::write(&crt, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (crt, key_path)
+    }
+
+    fn write(&self, dir: &Path, stem: &str) -> PathBuf {
+        let path = dir.join(format!("{stem}.crt"));
+        std::fs::write(&path, self.issuer.pem()).unwrap();
+        path
+    }
+}
+
+/// A Redis serving TLS on its own port with a certificate for
+/// `redis.internal` only (not the address dialled), demanding a client
+/// certificate from `ca`.
+struct TlsRedis {
+    _server: RedisServer,
+    tls_port: u16,
+    dir: tempfile::TempDir,
+    ca: Ca,
+}
+
+impl TlsRedis {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("redis-ca");
+        let ca_file = ca.write(dir.path(), "ca");
+        let (cert, key) = ca.leaf(dir.path(), "server", &["redis.internal"]);
+        let tls_port = free_port();
+        let port = tls_port.to_string();
+        let server = RedisServer::start_with(&[
+            "--tls-port",
+            &port,
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-key-file",
+            key.to_str().unwrap(),
+            "--tls-ca-cert-file",
+            ca_file.to_str().unwrap(),
+            "--tls-auth-clients",
+            "yes",
+        ]);
+        Self {
+            _server: server,
+            tls_port,
+            dir,
+            ca,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.tls_port)
+    }
+
+    /// Everything a client needs: the CA, a client certificate from it,
+    /// and no name check.
+    fn client_tls(&self) -> RedisTls {
+        RedisTls {
+            ca: Some(self.dir.path().join("ca.crt")),
+            client: Some(self.ca.leaf(self.dir.path(), "client", &["sluice"])),
+            skip_hostname_verification: true,
+        }
+    }
+}
+
+#[tokio::test]
+async fn tls_with_a_private_ca_a_client_certificate_and_any_name_counts() {
+    let redis = TlsRedis::start();
+    let store = connect(&config(&redis.url(), redis.client_tls(), None))
+        .await
+        .expect("connect");
+    assert!(store.is_ready(), "connected over TLS");
+    let limited = item("tls", per_minute(2));
+    let decisions = [
+        admitted(&store, std::slice::from_ref(&limited)).await,
+        admitted(&store, std::slice::from_ref(&limited)).await,
+        admitted(&store, std::slice::from_ref(&limited)).await,
+    ];
+    assert_eq!(decisions, [true, true, false]);
+}
+
+#[tokio::test]
+async fn tls_refuses_a_wrong_name_a_missing_client_certificate_and_a_foreign_ca() {
+    let redis = TlsRedis::start();
+    let other = Ca::new("someone-else");
+    let other_ca = other.write(redis.dir.path(), "other-ca");
+    let good = redis.client_tls();
+    let cases = [
+        (
+            "the certificate names redis.internal, not 127.0.0.1",
+            RedisTls {
+                skip_hostname_verification: false,
+                ..good.clone()
+            },
+        ),
+        (
+            "Redis demands a client certificate",
+            RedisTls {
+                client: None,
+                ..good.clone()
+            },
+        ),
+        (
+            "the server's chain does not lead to the CA given (names unchecked)",
+            RedisTls {
+                ca: Some(other_ca),
+                client: Some(other.leaf(redis.dir.path(), "stranger", &["sluice"])),
+                skip_hostname_verification: true,
+            },
+        ),
+    ];
+    for (why, tls) in cases {
+        let store = connect(&config(&redis.url(), tls, None))
+            .await
+            .expect("start-up goes on without Redis");
+        assert!(!store.is_ready(), "{why}: must not connect");
+        let batch = Batch {
+            items: vec![item("refused", per_minute(2))],
+        };
+        assert!(
+            matches!(
+                store.apply(&batch).await,
+                Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+            ),
+            "{why}: a decision must fail UNAVAILABLE"
+        );
+        store.quit().await;
+    }
+}
+
+#[tokio::test]
+async fn tls_files_without_a_rediss_url_are_refused_at_start() {
+    let redis = TlsRedis::start();
+    let url = format!("redis://127.0.0.1:{}", redis.tls_port);
+    let refused = connect(&config(&url, redis.client_tls(), None)).await;
+    match refused {
+        Err(StoreError::Unavailable(why)) => assert!(why.contains("rediss://"), "{why}"),
+        other => panic!("expected a refusal naming rediss://, got {:?}", other.err()),
+    }
+}
+
+// ----------------------------------------------------------- unix socket
+
+#[tokio::test]
+async fn a_unix_socket_reaches_the_same_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock");
+    let redis = RedisServer::start_with(&[
+        "--unixsocket",
+        socket.to_str().unwrap(),
+        "--unixsocketperm",
+        "700",
+    ]);
+    let config = config(
+        &format!("redis+unix://{}", socket.display()),
+        RedisTls::default(),
+        None,
+    );
+    let store = connect(&config).await.expect("connect");
+    let limited = item("unix", per_minute(1));
+    assert!(admitted(&store, std::slice::from_ref(&limited)).await);
+    assert!(!admitted(&store, std::slice::from_ref(&limited)).await);
+    let key = limited.identity.storage_key(&config.key_prefix);
+    assert!(
+        holds(redis.port(), &key),
+        "the counter is in the Redis behind the socket"
+    );
+}
+
+// ------------------------------------------------------ per-second Redis
+
+#[tokio::test]
+async fn per_second_limits_count_in_their_own_redis_and_the_rest_in_the_main_one() {
+    let (main, seconds) = (RedisServer::start(), RedisServer::start());
+    let config = config(&main.url(), RedisTls::default(), Some(seconds.url()));
+    let store = connect(&config).await.expect("connect");
+    let fast = item("caller", per_second(1));
+    let slow = item("caller-minute", per_minute(5));
+    let key = |i: &BatchItem| i.identity.storage_key(&config.key_prefix);
+
+    assert!(admitted(&store, &[fast.clone(), slow.clone()]).await);
+    assert!(holds(seconds.port(), &key(&fast)) && !holds(main.port(), &key(&fast)));
+    assert!(holds(main.port(), &key(&slow)) && !holds(seconds.port(), &key(&slow)));
+
+    // Refused by the per-second Redis: what the main one counted for this
+    // request is taken back, so the minute counter still says 1.
+    assert!(!admitted(&store, &[fast.clone(), slow.clone()]).await);
+    assert_eq!(used(&store, &slow).await, 1);
+    assert_eq!(used(&store, &fast).await, 1);
+}
+
+#[tokio::test]
+async fn two_redis_servers_admit_exactly_the_limit_under_concurrency() {
+    let (main, seconds) = (RedisServer::start(), RedisServer::start());
+    let config = config(&main.url(), RedisTls::default(), Some(seconds.url()));
+    let store = Arc::new(connect(&config).await.expect("connect"));
+    let fast = item("burst", per_second(5));
+    let slow = item("burst-minute", per_minute(1_000));
+    let calls = (0..200).map(|_| {
+        let (store, items) = (store.clone(), vec![fast.clone(), slow.clone()]);
+        async move { admitted(&store, &items).await }
+    });
+    let admitted_count = join_all(calls).await.into_iter().filter(|a| *a).count();
+    assert_eq!(admitted_count, 5, "the per-second limit of 5 binds");
+    // Every part the main Redis counted for a refused request was refunded.
+    assert_eq!(used(&store, &slow).await, 5);
+}
