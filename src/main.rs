@@ -49,8 +49,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         sluice::telemetry::init(
             settings.log_format,
             &settings.log_level,
-            settings.otlp_endpoint.as_deref(),
-            &settings.service_name,
+            settings.otlp().as_ref(),
         )?
     };
     let served = runtime.block_on(async {

@@ -4,8 +4,6 @@
 //! to each test; the OTLP test runs a collector built from the OTLP protos'
 //! own generated server on 127.0.0.1:0.
 
-use std::time::Duration;
-
 use opentelemetry::Value;
 use opentelemetry::trace::{SpanId, SpanKind, Status, TraceId};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -17,6 +15,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use sluice::settings::LogFormat;
+use sluice::telemetry::traces::{OtlpExport, OtlpProtocol};
 use sluice::telemetry::{self, TelemetryError, traces};
 use tokio::sync::mpsc;
 use tonic::metadata::{MetadataMap, MetadataValue};
@@ -218,24 +217,25 @@ fn a_parent_is_harmless_without_trace_export() {
 
 #[test]
 fn the_otlp_exporter_needs_a_runtime() {
-    let error = traces::otlp_tracer_provider("http://127.0.0.1:4317", "sluice").unwrap_err();
+    let export = OtlpExport::grpc("http://127.0.0.1:4317", "sluice");
+    let error = traces::otlp_tracer_provider(&export).unwrap_err();
     assert!(matches!(error, TelemetryError::NoRuntime), "{error}");
 }
 
 #[tokio::test]
 async fn a_bad_otlp_endpoint_is_refused() {
-    let error = traces::otlp_tracer_provider("not a uri", "sluice").unwrap_err();
+    let error = traces::otlp_tracer_provider(&OtlpExport::grpc("not a uri", "sluice")).unwrap_err();
     assert!(matches!(error, TelemetryError::Exporter { .. }), "{error}");
     assert!(error.to_string().contains("not a uri"), "{error}");
 }
 
 #[test]
 fn init_installs_the_global_subscriber_once() {
-    let guard = telemetry::init(LogFormat::Json, "warn", None, "sluice").expect("first init");
+    let guard = telemetry::init(LogFormat::Json, "warn", None).expect("first init");
     assert!(!guard.exports_traces());
     guard.shutdown().expect("nothing to flush");
 
-    let again = telemetry::init(LogFormat::Human, "info", None, "sluice");
+    let again = telemetry::init(LogFormat::Human, "info", None);
     assert!(matches!(again, Err(TelemetryError::AlreadyInstalled(_))));
 }
 
@@ -260,53 +260,97 @@ fn string_value(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spans_reach_an_otlp_collector() {
+/// An OTLP/HTTP receiver on 127.0.0.1:0 that hands each protobuf body
+/// POSTed to /v1/traces to the test; returns its base URL.
+async fn http_receiver(sent: mpsc::UnboundedSender<ExportTraceServiceRequest>) -> String {
+    use prost::Message as _;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (sent, mut received) = mpsc::unbounded_channel();
-    let collector = tokio::spawn(
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let sent = sent.clone();
+            async move {
+                let request = ExportTraceServiceRequest::decode(body).expect("an OTLP body");
+                let _ = sent.send(request);
+                (
+                    [("content-type", "application/x-protobuf")],
+                    ExportTraceServiceResponse::default().encode_to_vec(),
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// An OTLP/gRPC collector on 127.0.0.1:0 that hands each export to the
+/// test; returns its URL.
+async fn grpc_collector(sent: mpsc::UnboundedSender<ExportTraceServiceRequest>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(TraceServiceServer::new(Collector(sent)))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
+    format!("http://{addr}")
+}
 
+/// Exports one request span per traceparent of `callers` through `export`,
+/// and returns the spans the receiver got (with their service names).
+async fn exported(
+    export: OtlpExport,
+    callers: &[Option<&str>],
+    received: &mut mpsc::UnboundedReceiver<ExportTraceServiceRequest>,
+) -> Vec<(Option<String>, opentelemetry_proto::tonic::trace::v1::Span)> {
     traces::install_propagator();
-    let provider =
-        traces::otlp_tracer_provider(&format!("http://{addr}"), "sluice-test").expect("exporter");
+    let provider = traces::otlp_tracer_provider(&export).expect("exporter");
     let subscriber = tracing_subscriber::registry().with(traces::layer(&provider));
     tracing::subscriber::with_default(subscriber, || {
-        handle_request(&metadata(Some(TRACEPARENT)), "OVER_LIMIT");
+        for caller in callers {
+            handle_request(&metadata(*caller), "OVER_LIMIT");
+        }
     });
-    // Flushing blocks until the export is answered, which needs the runtime.
+    // Flushing blocks until the export is answered, which needs the runtime;
+    // the receiver has every span once it returns.
     let flush = provider.clone();
     tokio::task::spawn_blocking(move || flush.force_flush())
         .await
         .unwrap()
         .expect("export to the collector");
-
-    let request = tokio::time::timeout(Duration::from_secs(10), received.recv())
+    tokio::task::spawn_blocking(move || provider.shutdown())
         .await
-        .expect("an export within 10 s")
-        .expect("collector running");
-    let [resource_spans] = &request.resource_spans[..] else {
-        panic!("one resource: {request:#?}");
-    };
-    let resource = resource_spans.resource.as_ref().expect("a resource");
-    let service_name = resource
-        .attributes
-        .iter()
-        .find(|kv| kv.key == "service.name")
-        .and_then(|kv| string_value(kv.value.as_ref()));
-    assert_eq!(service_name, Some("sluice-test"));
-    let spans: Vec<_> = resource_spans
-        .scope_spans
-        .iter()
-        .flat_map(|scope| &scope.spans)
-        .collect();
-    let [span] = &spans[..] else {
+        .unwrap()
+        .expect("shutdown");
+    let mut spans = Vec::new();
+    while let Ok(request) = received.try_recv() {
+        for resource_spans in request.resource_spans {
+            let service_name = resource_spans.resource.as_ref().and_then(|resource| {
+                resource
+                    .attributes
+                    .iter()
+                    .find(|kv| kv.key == "service.name")
+                    .and_then(|kv| string_value(kv.value.as_ref()))
+                    .map(str::to_owned)
+            });
+            for scope in resource_spans.scope_spans {
+                spans.extend(scope.spans.into_iter().map(|s| (service_name.clone(), s)));
+            }
+        }
+    }
+    spans
+}
+
+/// The one span exported for a sampled caller: named, joined to the
+/// caller's trace, with its outcome and the service's name.
+fn assert_one_request_span(
+    spans: &[(Option<String>, opentelemetry_proto::tonic::trace::v1::Span)],
+) {
+    let [(service_name, span)] = spans else {
         panic!("one span: {spans:#?}");
     };
+    assert_eq!(service_name.as_deref(), Some("sluice-test"));
     assert_eq!(span.name, "ShouldRateLimit");
     assert_eq!(
         span.trace_id,
@@ -322,12 +366,38 @@ async fn spans_reach_an_otlp_collector() {
         .find(|kv| kv.key == "outcome")
         .and_then(|kv| string_value(kv.value.as_ref()));
     assert_eq!(outcome, Some("OVER_LIMIT"));
+}
 
-    tokio::task::spawn_blocking(move || provider.shutdown())
-        .await
-        .unwrap()
-        .expect("shutdown");
-    collector.abort();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_collector() {
+    let (sent, mut received) = mpsc::unbounded_channel();
+    let endpoint = grpc_collector(sent).await;
+    let export = OtlpExport::grpc(&endpoint, "sluice-test");
+    assert_one_request_span(&exported(export, &[Some(TRACEPARENT)], &mut received).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_http_receiver_at_v1_traces() {
+    let (sent, mut received) = mpsc::unbounded_channel();
+    let export = OtlpExport {
+        protocol: OtlpProtocol::Http,
+        ..OtlpExport::grpc(&http_receiver(sent).await, "sluice-test")
+    };
+    assert_one_request_span(&exported(export, &[Some(TRACEPARENT)], &mut received).await);
+}
+
+/// At ratio 0 no new trace is exported, but a caller that sampled its
+/// trace still gets the request's span (the sampler follows the parent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sampling_ratio_applies_to_new_traces_only() {
+    let (sent, mut received) = mpsc::unbounded_channel();
+    let export = OtlpExport {
+        protocol: OtlpProtocol::Http,
+        sampling_ratio: 0.0,
+        ..OtlpExport::grpc(&http_receiver(sent).await, "sluice-test")
+    };
+    let callers = [None, Some(TRACEPARENT), None];
+    assert_one_request_span(&exported(export, &callers, &mut received).await);
 }
 
 #[test]

@@ -13,6 +13,7 @@ use crate::decision::Bounds;
 use crate::headers::HeaderMode;
 use crate::limiter::{Counting, MAX_HITS};
 use crate::store::{MemoryStoreConfig, RedisUrl, TimeSource};
+use crate::telemetry::traces::{OtlpExport, OtlpProtocol};
 
 pub mod upstream;
 
@@ -224,8 +225,12 @@ settings! {
     near_limit_ratio: f64 = 0.8, flag f64, "RATIO", upstream "NEAR_LIMIT_RATIO";
     "Most distinct runtime descriptor values used as metric labels (for detailed_metric / value_to_metric rules); beyond it they count as _other_"
     metrics_max_descriptors: usize = 1_000, flag usize, "N", upstream "";
-    "Export traces over OTLP/gRPC to this endpoint, e.g. http://otel-collector:4317; none exports no traces"
+    "Export traces over OTLP to this endpoint, e.g. http://otel-collector:4317 (grpc) or http://otel-collector:4318 (http); none exports no traces"
     otlp_endpoint: Option<String> = None, flag String, "URL", upstream "OTEL_EXPORTER_OTLP_ENDPOINT";
+    "OTLP transport: grpc, or http (protobuf POSTed to the endpoint's /v1/traces)"
+    otlp_protocol: OtlpProtocol = OtlpProtocol::Grpc, flag OtlpProtocol, "PROTOCOL", upstream "TRACING_EXPORTER_PROTOCOL";
+    "Share of new traces exported, 0 to 1; a caller's own sampling decision is always followed"
+    trace_sampling_ratio: f64 = 1.0, flag f64, "RATIO", upstream "TRACING_SAMPLING_RATE";
     "service.name of the exported traces"
     service_name: String = "sluice".into(), flag String, "NAME", upstream "TRACING_SERVICE_NAME";
     "Counters known to be full are answered locally until they can take a hit again, without calling Redis; this many at most, 0 turns it off"
@@ -492,6 +497,23 @@ impl Settings {
                 return Err(SettingsError::Unpaired(pair));
             }
         }
+        if !(0.0..=1.0).contains(&settings.trace_sampling_ratio) {
+            return Err(SettingsError::Unsupported {
+                setting: "trace_sampling_ratio outside 0 to 1",
+                instead: "give the share of traces to export, from 0 (none) to 1 (all)",
+            });
+        }
+        if settings.otlp_protocol == OtlpProtocol::Http
+            && settings
+                .otlp_endpoint
+                .as_deref()
+                .is_some_and(|e| e.starts_with("https:"))
+        {
+            return Err(SettingsError::Unsupported {
+                setting: "otlp_protocol http with an https:// otlp_endpoint",
+                instead: "export over TLS with otlp_protocol grpc, or to an http:// endpoint",
+            });
+        }
         if settings.statsd_addr.is_some() && settings.upstream_prometheus_addr.is_some() {
             return Err(SettingsError::Unsupported {
                 setting: "statsd_addr together with upstream_prometheus_addr",
@@ -562,6 +584,16 @@ impl Settings {
             // Six series per stats key, as many keys as Sluice's own
             // metrics label.
             max_names: self.metrics_max_descriptors.saturating_mul(6).max(1_000),
+        })
+    }
+
+    /// Where traces go, when an OTLP endpoint is set.
+    pub fn otlp(&self) -> Option<OtlpExport> {
+        self.otlp_endpoint.as_ref().map(|endpoint| OtlpExport {
+            endpoint: endpoint.clone(),
+            protocol: self.otlp_protocol,
+            service_name: self.service_name.clone(),
+            sampling_ratio: self.trace_sampling_ratio,
         })
     }
 

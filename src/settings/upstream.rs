@@ -129,20 +129,12 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("EXTRA_TAGS", "stats carry no extra tags"),
     ("STATSD_PROTOCOL", "statsd lines go over UDP"),
     (
-        "TRACING_EXPORTER_PROTOCOL",
-        "traces are exported over OTLP/gRPC",
-    ),
-    (
         "TRACING_SERVICE_NAMESPACE",
         "traces carry service.name only",
     ),
     (
         "TRACING_SERVICE_INSTANCE_ID",
         "traces carry service.name only",
-    ),
-    (
-        "TRACING_SAMPLING_RATE",
-        "every request is sampled (the OTLP exporter batches)",
     ),
     (
         "GRPC_SERVER_TLS_SAN",
@@ -637,7 +629,31 @@ pub fn layer(env: &Map<String, String>) -> Result<Layer, UpstreamError> {
         r.duration_ms("STATS_FLUSH_INTERVAL", 10_000)?.to_string(),
     );
     if r.bool("TRACING_ENABLED", false)? {
-        let endpoint = r.string("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317");
+        // Upstream exports over OTLP/HTTP unless told grpc (Envoy Gateway
+        // never says, and points at a collector's 4318).
+        let grpc = match r
+            .string("TRACING_EXPORTER_PROTOCOL", "http")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "http" => false,
+            "grpc" => true,
+            _ => return Err(r.err("TRACING_EXPORTER_PROTOCOL", "expected http or grpc")),
+        };
+        set("otlp_protocol", if grpc { "grpc" } else { "http" }.into());
+        if let Some(rate) = r.raw("TRACING_SAMPLING_RATE") {
+            let rate: f64 = rate
+                .trim()
+                .parse()
+                .map_err(|_| r.err("TRACING_SAMPLING_RATE", "expected a number from 0 to 1"))?;
+            set("trace_sampling_ratio", rate.to_string());
+        }
+        let default = if grpc {
+            "http://localhost:4317"
+        } else {
+            "http://localhost:4318"
+        };
+        let endpoint = r.string("OTEL_EXPORTER_OTLP_ENDPOINT", default);
         let endpoint = if endpoint.contains("://") {
             endpoint.to_string()
         } else {
@@ -951,6 +967,7 @@ mod tests {
             ("upstream_prometheus_path", "/m"),
             ("prometheus_mapper", "/map.yaml"),
             ("otlp_endpoint", "http://otel:4317"),
+            ("otlp_protocol", "http"),
             ("service_name", "rl"),
             ("max_connection_age_ms", "90000"),
             ("max_connection_age_grace_ms", "10000"),
@@ -965,6 +982,38 @@ mod tests {
         assert_eq!(l.get("statsd_addr"), None);
         let statsd = [("STATSD_HOST", "sd"), ("STATSD_PORT", "9125")];
         assert_eq!(get(&statsd, "statsd_addr").unwrap(), "sd:9125");
+    }
+
+    #[test]
+    fn tracing_as_envoy_gateway_sets_it_goes_over_http_with_its_sampling_rate() {
+        let eg = [
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SAMPLING_RATE", "0.6"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://trace-collector.envoy-gateway-system.svc.cluster.local:4317",
+            ),
+        ];
+        let l = layer(&env(&eg)).unwrap();
+        assert_eq!(l.get("otlp_protocol"), Some("http"));
+        assert_eq!(l.get("trace_sampling_ratio"), Some("0.6"));
+        let grpc = [
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "GRPC"),
+        ];
+        let l = layer(&env(&grpc)).unwrap();
+        assert_eq!(l.get("otlp_protocol"), Some("grpc"));
+        assert_eq!(l.get("otlp_endpoint"), Some("http://localhost:4317"));
+        let http = [("TRACING_ENABLED", "true")];
+        assert_eq!(
+            layer(&env(&http)).unwrap().get("otlp_endpoint"),
+            Some("http://localhost:4318")
+        );
+        let bad = [
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SAMPLING_RATE", "most"),
+        ];
+        assert_eq!(layer(&env(&bad)).unwrap_err().var, "TRACING_SAMPLING_RATE");
     }
 
     #[test]

@@ -19,18 +19,20 @@ use crate::settings::LogFormat;
 /// - Logs go to stderr in `format`, with ANSI colours only on a terminal.
 ///   `filter` uses the env-filter syntax; an invalid one falls back to `info`
 ///   with a warning.
-/// - With `otlp_endpoint`, spans are also exported over OTLP/gRPC as
-///   `service_name` (see [`traces::otlp_tracer_provider`]). This must then be
+/// - With `otlp`, spans are also exported over OTLP as it says (see
+///   [`traces::otlp_tracer_provider`]). This must then be
 ///   called inside a Tokio runtime (e.g. under `runtime.enter()`), and the
 ///   returned guard kept until shutdown, while the runtime still runs.
 ///
 /// ```no_run
 /// # use sluice::settings::LogFormat;
+/// # use sluice::telemetry::traces::OtlpExport;
 /// # fn main() -> anyhow::Result<()> {
 /// let runtime = tokio::runtime::Runtime::new()?;
+/// let export = OtlpExport::grpc("http://localhost:4317", "sluice");
 /// let telemetry = {
 ///     let _entered = runtime.enter();
-///     sluice::telemetry::init(LogFormat::Human, "info", Some("http://localhost:4317"), "sluice")?
+///     sluice::telemetry::init(LogFormat::Human, "info", Some(&export))?
 /// };
 /// runtime.block_on(async { /* serve */ });
 /// telemetry.shutdown()?; // flush the last spans
@@ -40,12 +42,9 @@ use crate::settings::LogFormat;
 pub fn init(
     format: LogFormat,
     filter: &str,
-    otlp_endpoint: Option<&str>,
-    service_name: &str,
+    otlp: Option<&traces::OtlpExport>,
 ) -> Result<TelemetryGuard, TelemetryError> {
-    let provider = otlp_endpoint
-        .map(|endpoint| traces::otlp_tracer_provider(endpoint, service_name))
-        .transpose()?;
+    let provider = otlp.map(traces::otlp_tracer_provider).transpose()?;
     let (filter, bad) = match EnvFilter::try_new(filter) {
         Ok(f) => (f, None),
         Err(e) => (EnvFilter::new("info"), Some(e)),

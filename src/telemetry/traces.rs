@@ -3,8 +3,8 @@
 //! `ShouldRateLimit` call runs in.
 //!
 //! Spans are written with `tracing` everywhere; this module only turns them
-//! into OpenTelemetry spans ([`layer`]) and ships them over OTLP/gRPC
-//! ([`otlp_tracer_provider`]). `logging::init` installs both. Nothing outside
+//! into OpenTelemetry spans ([`layer`]) and ships them over OTLP, gRPC or
+//! HTTP ([`otlp_tracer_provider`]). `logging::init` installs both. Nothing outside
 //! `telemetry` needs to know OpenTelemetry exists except `service.rs`, which
 //! joins each request's span to the caller's trace:
 //!
@@ -31,7 +31,7 @@ use opentelemetry_otlp::{ExporterBuildError, WithExportConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkError;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tonic::metadata::{KeyRef, MetadataMap};
 use tracing::Subscriber;
 use tracing::level_filters::LevelFilter;
@@ -45,7 +45,7 @@ use tracing_subscriber::util::TryInitError;
 /// exporter talks gRPC through them, so exporting their spans would make
 /// every export produce more spans to export (telemetry-induced telemetry).
 /// They still reach the log output, under the log filter.
-const EXPORTER_STACK: [&str; 9] = [
+const EXPORTER_STACK: [&str; 10] = [
     "h2",
     "hyper",
     "hyper_util",
@@ -55,6 +55,7 @@ const EXPORTER_STACK: [&str; 9] = [
     "opentelemetry",
     "opentelemetry_sdk",
     "opentelemetry_otlp",
+    "reqwest",
 ];
 
 /// Why telemetry could not start, or stop cleanly.
@@ -128,34 +129,95 @@ impl Drop for TelemetryGuard {
     }
 }
 
-/// Builds a tracer provider that exports spans in batches over OTLP/gRPC
-/// (tonic) to `endpoint` (e.g. `http://otel-collector:4317`; `https://`
-/// uses TLS with the system's root certificates), with `service.name` set to
-/// `service_name`. The standard `OTEL_EXPORTER_OTLP_*` variables tune the
-/// rest (headers, timeout, compression).
+/// How spans travel to the collector.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC (a collector's port 4317).
+    #[default]
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies, POSTed to `<endpoint>/v1/traces` (a
+    /// collector's port 4318; envoyproxy/ratelimit's default).
+    Http,
+}
+
+/// Where and how spans are exported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OtlpExport {
+    /// The collector: `http://host:4317` (gRPC; `https://` for TLS with the
+    /// system roots) or the base URL of an OTLP/HTTP receiver.
+    pub endpoint: String,
+    /// gRPC or HTTP.
+    pub protocol: OtlpProtocol,
+    /// `service.name` of every span.
+    pub service_name: String,
+    /// The share of new traces sampled, 0 to 1; a caller's sampling
+    /// decision (its `traceparent` flag) is followed whatever this says.
+    pub sampling_ratio: f64,
+}
+
+impl OtlpExport {
+    /// OTLP/gRPC to `endpoint`, every trace sampled.
+    pub fn grpc(endpoint: &str, service_name: &str) -> Self {
+        Self {
+            endpoint: endpoint.to_owned(),
+            protocol: OtlpProtocol::Grpc,
+            service_name: service_name.to_owned(),
+            sampling_ratio: 1.0,
+        }
+    }
+}
+
+/// Builds a tracer provider that exports spans in batches over OTLP as
+/// `export` says, sampling new traces at its ratio and following the
+/// caller's decision otherwise. The standard `OTEL_EXPORTER_OTLP_*`
+/// variables tune the rest (headers, timeout, compression).
 ///
 /// Spans are batched on a background thread; call inside a Tokio runtime,
 /// which drives the gRPC channel.
-pub fn otlp_tracer_provider(
-    endpoint: &str,
-    service_name: &str,
-) -> Result<SdkTracerProvider, TelemetryError> {
+pub fn otlp_tracer_provider(export: &OtlpExport) -> Result<SdkTracerProvider, TelemetryError> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(TelemetryError::NoRuntime);
     }
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint)
-        .build()
-        .map_err(|source| TelemetryError::Exporter {
-            endpoint: endpoint.to_owned(),
-            source,
-        })?;
+    let exporter = match export.protocol {
+        OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(&export.endpoint)
+            .build(),
+        // The endpoint is the receiver's base, as OTEL_EXPORTER_OTLP_ENDPOINT
+        // is: traces go to its /v1/traces.
+        OtlpProtocol::Http => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(format!(
+                "{}/v1/traces",
+                export.endpoint.trim_end_matches('/')
+            ))
+            .build(),
+    }
+    .map_err(|source| TelemetryError::Exporter {
+        endpoint: export.endpoint.clone(),
+        source,
+    })?;
     let resource = Resource::builder()
-        .with_service_name(service_name.to_owned())
+        .with_service_name(export.service_name.clone())
         .build();
+    let ratio = export.sampling_ratio.clamp(0.0, 1.0);
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            ratio,
+        ))))
         .with_resource(resource)
         .build())
 }
