@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod ads;
+pub mod certs;
 pub mod envoy;
 pub mod redis;
 
