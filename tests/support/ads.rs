@@ -230,7 +230,13 @@ impl Management {
 
     /// The next request the server receives.
     pub async fn next(&mut self) -> DiscoveryRequest {
-        tokio::time::timeout(TIMEOUT, self.requests.recv())
+        self.next_within(TIMEOUT).await
+    }
+
+    /// The next request the server receives within `deadline` (a client
+    /// reconnecting after upstream's backoff takes longer than [`TIMEOUT`]).
+    pub async fn next_within(&mut self, deadline: Duration) -> DiscoveryRequest {
+        tokio::time::timeout(deadline, self.requests.recv())
             .await
             .expect("a request within the deadline")
             .expect("the request channel is open")
