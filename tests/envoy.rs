@@ -14,12 +14,11 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -29,7 +28,7 @@ use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::server::ServeExtras;
 use sluice::store::{MemoryStore, MemoryStoreConfig};
-use support::envoy::envoy_binary;
+use support::envoy::Envoy;
 use support::{Server, T0};
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -166,78 +165,6 @@ fn serve(mut conn: TcpStream, gate: &AtomicBool, held: &AtomicU64) {
 // ---------------------------------------------------------------------------
 // Envoy
 // ---------------------------------------------------------------------------
-
-/// A running Envoy, killed when dropped.
-struct Envoy {
-    child: Child,
-    admin: SocketAddr,
-    /// Lines Envoy wrote to stdout (its access log).
-    log: Arc<Mutex<Vec<String>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn collect_lines(stdout: ChildStdout, into: Arc<Mutex<Vec<String>>>) {
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            into.lock().unwrap().push(line);
-        }
-    });
-}
-
-impl Envoy {
-    /// Runs `config` (a bootstrap as JSON) and waits until it listens.
-    fn start(config: &Value, front: SocketAddr, admin: SocketAddr) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("envoy.json");
-        std::fs::write(&path, serde_json::to_string_pretty(config).unwrap()).unwrap();
-        let mut child = Command::new(envoy_binary())
-            .args([
-                "--disable-hot-restart",
-                "--concurrency",
-                "1",
-                "--log-level",
-                "error",
-                "-c",
-            ])
-            .arg(&path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run envoy");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        collect_lines(child.stdout.take().unwrap(), log.clone());
-        let envoy = Envoy {
-            child,
-            admin,
-            log,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(front).is_err() {
-            assert!(Instant::now() < deadline, "Envoy did not start listening");
-            thread::sleep(Duration::from_millis(50));
-        }
-        envoy
-    }
-
-    /// A counter of Envoy's statistics (0 when it does not exist yet).
-    fn stat(&self, name: &str) -> u64 {
-        let (status, _, body) =
-            support::http_exchange(self.admin, "GET", &format!("/stats?filter=^{name}$"), "");
-        assert_eq!(status, 200, "{body}");
-        body.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .map_or(0, |v| v.trim().parse().unwrap())
-    }
-}
 
 /// Clusters `sluice` (gRPC, HTTP/2) and `app`, at these addresses.
 fn clusters(sluice: SocketAddr, app: SocketAddr) -> Value {

@@ -10,7 +10,6 @@ mod support;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -19,7 +18,6 @@ use sluice::decision::{Bounds, Limiter};
 use sluice::limiter::ManualClock;
 use sluice::server::{self, Listeners};
 use sluice::store::{CounterStore, MemoryStore, MemoryStoreConfig, TimeSource};
-use support::envoy::envoy_binary;
 use support::redis::RedisServer;
 use tokio_util::sync::CancellationToken;
 
@@ -57,18 +55,10 @@ fn serve_upstream(mut conn: TcpStream) {
     }
 }
 
-/// A running Envoy, killed when dropped.
+/// A running Envoy, killed when dropped, and its listener.
 struct Envoy {
-    child: Child,
+    _proxy: support::envoy::Envoy,
     front: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Envoy {
@@ -90,35 +80,12 @@ impl Envoy {
             .replace("port_value: 8000", &format!("port_value: {}", app.port()))
             .replace("0.0.0.0", "127.0.0.1")
             .replace("domain: example", "domain: quota");
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("envoy.yaml");
-        std::fs::write(&path, config).unwrap();
-        let child = Command::new(envoy_binary())
-            .args([
-                "--disable-hot-restart",
-                "--concurrency",
-                "1",
-                "--log-level",
-                "error",
-                "-c",
-            ])
-            .arg(&path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run envoy");
         let front: SocketAddr = ([127, 0, 0, 1], listen).into();
-        let envoy = Envoy {
-            child,
+        let admin: SocketAddr = ([127, 0, 0, 1], admin).into();
+        Envoy {
+            _proxy: support::envoy::Envoy::start_yaml(&config, front, admin),
             front,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(front).is_err() {
-            assert!(Instant::now() < deadline, "Envoy did not start listening");
-            thread::sleep(Duration::from_millis(50));
         }
-        envoy
     }
 }
 

@@ -1,39 +1,28 @@
-//! TLS and mutual TLS on the gRPC listener, as Envoy Gateway deploys it:
-//! certificates made here with rcgen (RSA keys by the `openssl` command,
-//! which ring cannot generate), clients made by hand with tokio-rustls so
-//! that a test can see which certificate the server showed and how many
-//! connections a channel opened.
+//! TLS and mutual TLS on the gRPC listener, as Envoy Gateway deploys it,
+//! with the certificates and hand-made rustls clients of `support::certs`
+//! (a test sees which certificate the server showed and how many
+//! connections a channel opened).
 
 mod support;
 
-use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
-use rustls::{ClientConfig, RootCertStore};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::ClientConfig;
+use rustls_pki_types::CertificateDer;
 use sluice::decision::{Bounds, Limiter};
 use sluice::limiter::ManualClock;
 use sluice::server::{self, ConnLimits, Listeners, ServeOptions, TlsFiles};
 use sluice::store::{MemoryStore, MemoryStoreConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Channel, Endpoint};
 
+use support::certs::{Ca, Leaf, channel, client_config, handshake};
 use support::{OK, request, rules};
 
 const RULES: &str = r#"
@@ -46,110 +35,7 @@ descriptors:
 /// How long a rotation may take to be seen (the server looks every 2 s).
 const ROTATION_DEADLINE: Duration = Duration::from_secs(20);
 
-// ---------------------------------------------------------------- certificates
-
-/// A certificate authority.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-/// A certificate and its key, as PEM, with the certificate's DER to compare
-/// with what a server shows.
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
-    der: CertificateDer<'static>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        Self { issuer }
-    }
-
-    fn pem(&self) -> String {
-        self.issuer.pem()
-    }
-
-    fn der(&self) -> CertificateDer<'static> {
-        self.issuer.der().clone()
-    }
-
-    /// A certificate for `localhost` signed with `key`. Like Envoy Gateway's
-    /// certificates, it has no extended key usage, so it serves as a
-    /// server and as a client certificate.
-    fn sign(&self, key: &KeyPair, key_pem: String) -> Leaf {
-        self.sign_for("localhost", key, key_pem)
-    }
-
-    fn sign_for(&self, name: &str, key: &KeyPair, key_pem: String) -> Leaf {
-        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, "envoy");
-        let cert = params.signed_by(key, &self.issuer).unwrap();
-        Leaf {
-            cert_pem: cert.pem(),
-            key_pem,
-            der: cert.der().clone(),
-        }
-    }
-
-    /// An ECDSA P-256 certificate with a PKCS#8 key.
-    fn leaf(&self) -> Leaf {
-        let key = KeyPair::generate().unwrap();
-        let pem = key.serialize_pem();
-        self.sign(&key, pem)
-    }
-
-    /// An ECDSA P-256 certificate with a SEC1 (`EC PRIVATE KEY`) key.
-    fn sec1_leaf(&self) -> Leaf {
-        let key = KeyPair::generate().unwrap();
-        let sec1 = openssl(&["ec"], &key.serialize_pem());
-        assert!(sec1.starts_with("-----BEGIN EC PRIVATE KEY-----"), "{sec1}");
-        self.sign(&key, sec1)
-    }
-
-    /// An RSA 2048 certificate whose key file is PKCS#1 (`RSA PRIVATE
-    /// KEY`, as Envoy Gateway writes it) or PKCS#8.
-    fn rsa_leaf(&self, pkcs1: bool) -> Leaf {
-        self.rsa_leaf_for("localhost", pkcs1)
-    }
-
-    fn rsa_leaf_for(&self, name: &str, pkcs1: bool) -> Leaf {
-        let rsa = openssl(&["genrsa", "-traditional", "2048"], "");
-        assert!(rsa.starts_with("-----BEGIN RSA PRIVATE KEY-----"), "{rsa}");
-        let pkcs8 = openssl(&["pkcs8", "-topk8", "-nocrypt"], &rsa);
-        let key = KeyPair::from_pkcs8_pem_and_sign_algo(&pkcs8, &rcgen::PKCS_RSA_SHA256).unwrap();
-        self.sign_for(name, &key, if pkcs1 { rsa } else { pkcs8 })
-    }
-}
-
-/// Runs `openssl` with `input` on stdin and returns its stdout.
-fn openssl(args: &[&str], input: &str) -> String {
-    let mut child = Command::new("openssl")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the openssl command (apt-get install openssl)");
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "openssl {args:?} failed");
-    String::from_utf8(out.stdout).unwrap()
-}
+// ---------------------------------------------------------------- files
 
 /// A directory of TLS files laid out as a Kubernetes Secret volume:
 /// `tls.crt` → `..data/tls.crt`, `..data` → a timestamped directory.
@@ -272,90 +158,11 @@ async fn serve(files: TlsFiles, options: ServeOptions) -> Running {
 
 // ---------------------------------------------------------------- clients
 
-/// A client trusting `ca`, showing `identity` if given, offering h2.
-fn client_config(ca: &Ca, identity: Option<&Leaf>) -> Arc<ClientConfig> {
-    let mut roots = RootCertStore::empty();
-    roots.add(ca.der()).unwrap();
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots);
-    let mut config = match identity {
-        Some(leaf) => builder
-            .with_client_auth_cert(
-                vec![leaf.der.clone()],
-                PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Arc::new(config)
-}
-
-/// A TLS connection to `addr`, which must show a certificate for localhost.
-async fn handshake(
-    addr: SocketAddr,
-    config: Arc<ClientConfig>,
-) -> io::Result<TlsStream<TcpStream>> {
-    let tcp = TcpStream::connect(addr).await?;
-    let name = ServerName::try_from("localhost").unwrap();
-    tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
-}
-
 /// The certificate the server at `addr` shows to a new connection.
 async fn shown_certificate(addr: SocketAddr, config: Arc<ClientConfig>) -> CertificateDer<'static> {
     let tls = handshake(addr, config).await.expect("TLS handshake");
     let (_, session) = tls.get_ref();
     session.peer_certificates().unwrap()[0].clone().into_owned()
-}
-
-/// Opens TLS connections for a tonic channel and counts them.
-#[derive(Clone)]
-struct Connector {
-    addr: SocketAddr,
-    config: Arc<ClientConfig>,
-    opened: Arc<AtomicUsize>,
-}
-
-impl tonic::codegen::Service<Uri> for Connector {
-    type Response = TokioIo<TlsStream<TcpStream>>;
-    type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Uri) -> Self::Future {
-        let (addr, config, opened) = (self.addr, self.config.clone(), self.opened.clone());
-        Box::pin(async move {
-            let tls = handshake(addr, config).await?;
-            opened.fetch_add(1, Ordering::SeqCst);
-            Ok(TokioIo::new(tls))
-        })
-    }
-}
-
-/// A gRPC channel over TLS, and how many connections it has opened.
-async fn channel(
-    addr: SocketAddr,
-    config: Arc<ClientConfig>,
-) -> Result<(Channel, Arc<AtomicUsize>), tonic::transport::Error> {
-    let opened = Arc::new(AtomicUsize::new(0));
-    let connector = Connector {
-        addr,
-        config,
-        opened: opened.clone(),
-    };
-    // `http`: the connector brings its own TLS, which tonic must not add.
-    let channel = Endpoint::from_static("http://localhost")
-        .connect_with_connector(connector)
-        .await?;
-    Ok((channel, opened))
 }
 
 /// One ShouldRateLimit call.

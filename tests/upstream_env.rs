@@ -8,7 +8,6 @@ mod support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -21,28 +20,6 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 5}
 ";
 
-/// Polls `path` on `addr` until it answers `status`, for at most 20 s.
-fn wait_for(addr: SocketAddr, path: &str, status: u16) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        // Not listening yet: try again.
-        let (got, body) = if std::net::TcpStream::connect(addr).is_ok() {
-            let (got, _, body) = support::http_exchange(addr, "GET", path, "");
-            (got, body)
-        } else {
-            (0, String::new())
-        };
-        if got == status {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{addr}{path} never answered {status} (last {got}: {body})"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn invoked_as_ratelimit_it_serves_from_upstreams_variables() {
     let redis = RedisServer::start();
@@ -50,8 +27,7 @@ fn invoked_as_ratelimit_it_serves_from_upstreams_variables() {
     let rules_dir = dir.path().join("runtime/ratelimit/config");
     std::fs::create_dir_all(&rules_dir).unwrap();
     std::fs::write(rules_dir.join("rules.yaml"), RULES).unwrap();
-    let binary = dir.path().join("ratelimit");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &binary).unwrap();
+    let binary = support::ratelimit_binary(dir.path());
     let (http, grpc, debug) = (free_port(), free_port(), free_port());
 
     let child = Command::new(&binary)
@@ -81,8 +57,8 @@ fn invoked_as_ratelimit_it_serves_from_upstreams_variables() {
     let http: SocketAddr = ([127, 0, 0, 1], http).into();
     let debug: SocketAddr = ([127, 0, 0, 1], debug).into();
 
-    assert_eq!(wait_for(http, "/healthcheck", 200), "OK");
-    let rlconfig = wait_for(debug, "/rlconfig", 200);
+    assert_eq!(support::wait_for_http(http, "/healthcheck", 200), "OK");
+    let rlconfig = support::wait_for_http(debug, "/rlconfig", 200);
     assert!(rlconfig.contains("upstream/client"), "{rlconfig}");
     let (_, _, admin_rlconfig) = support::http_exchange(http, "GET", "/rlconfig", "");
     assert_eq!(rlconfig, admin_rlconfig);
@@ -118,7 +94,7 @@ fn invoked_as_ratelimit_it_serves_from_upstreams_variables() {
             .unwrap()
             .success()
     );
-    wait_for(http, "/healthcheck", 500);
+    support::wait_for_http(http, "/healthcheck", 500);
     let status = process.0.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }

@@ -5,7 +5,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice::decision::{Limiter, LimiterOptions};
 use sluice::limiter::ManualClock;
@@ -14,6 +14,10 @@ use sluice::store::{MemoryStore, MemoryStoreConfig};
 use sluice::telemetry::upstream::UpstreamStats;
 use sluice::telemetry::upstream::statsd::{Protocol, UpstreamStatsConfig};
 use support::T0;
+use support::statsd::StatsdListener;
+
+/// How long a test waits for a statsd line.
+const DEADLINE: Duration = Duration::from_secs(10);
 
 const RULES: &str = "
 domain: gw
@@ -68,9 +72,9 @@ async fn decide_five(stats: Arc<UpstreamStats>) -> u64 {
 
 #[tokio::test]
 async fn statsd_lines_reach_a_udp_listener() {
-    let listener = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let listener = StatsdListener::udp().await;
     let running = UpstreamStats::start(UpstreamStatsConfig {
-        statsd_addr: Some(listener.local_addr().unwrap().to_string()),
+        statsd_addr: Some(listener.addr.to_string()),
         statsd_protocol: Protocol::Udp,
         stats_flush_interval_ms: 20,
         ..UpstreamStatsConfig::default()
@@ -80,17 +84,7 @@ async fn statsd_lines_reach_a_udp_listener() {
     let over = decide_five(running.stats.clone()).await;
     assert_eq!(over, 3);
     let want = format!("ratelimit.service.rate_limit.gw.k1_a.k2.over_limit:{over}|c");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = String::new();
-    let mut buf = vec![0u8; 65536];
-    while !seen.lines().any(|l| l == want) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no `{want}` in:\n{seen}");
-        if let Ok(Ok(n)) = tokio::time::timeout(left, listener.recv(&mut buf)).await {
-            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-            seen.push('\n');
-        }
-    }
+    let seen = listener.wait_for_line(&want, DEADLINE).await;
     assert!(
         seen.lines()
             .any(|l| l == "ratelimit.service.rate_limit.gw.k1_a.k2.total_hits:5|c"),
@@ -153,10 +147,9 @@ async fn a_bad_mapping_file_is_a_start_error() {
 
 #[tokio::test]
 async fn statsd_over_tcp_like_gostats() {
-    use tokio::io::AsyncReadExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = StatsdListener::tcp().await;
     let running = UpstreamStats::start(UpstreamStatsConfig {
-        statsd_addr: Some(listener.local_addr().unwrap().to_string()),
+        statsd_addr: Some(listener.addr.to_string()),
         statsd_protocol: Protocol::Tcp,
         stats_flush_interval_ms: 20,
         ..UpstreamStatsConfig::default()
@@ -165,18 +158,5 @@ async fn statsd_over_tcp_like_gostats() {
     .unwrap();
     let over = decide_five(running.stats.clone()).await;
     let want = format!("ratelimit.service.rate_limit.gw.k1_a.k2.over_limit:{over}|c");
-    let (mut conn, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
-        .await
-        .expect("statsd sink connects")
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = String::new();
-    let mut buf = vec![0u8; 65536];
-    while !seen.lines().any(|l| l == want) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no `{want}` in:\n{seen}");
-        if let Ok(Ok(n)) = tokio::time::timeout(left, conn.read(&mut buf)).await {
-            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    }
+    listener.wait_for_line(&want, DEADLINE).await;
 }

@@ -1,7 +1,8 @@
-//! Rules over xDS against a management server written here: a tonic
+//! Rules over xDS against the management server of `support::ads`: a tonic
 //! `AggregatedDiscoveryService` speaking the state-of-the-world protocol over
-//! loopback (plaintext or mutual TLS with certificates made by rcgen). The
-//! client under test feeds a real `Limiter`, whose decisions the tests check.
+//! loopback (plaintext, or mutual TLS with certificates from
+//! `support::certs`). The client under test feeds a real `Limiter`, whose
+//! decisions the tests check.
 //!
 //! No test sleeps for time: each waits for the next request the server sees,
 //! or polls for an event, bounded by [`TIMEOUT`].
@@ -11,22 +12,13 @@ mod support;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
-use parking_lot::Mutex;
 use prost::Message;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use sluice::decision::{Bounds, Limiter};
 use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::proto as pb;
 use sluice::proto::RateLimitService as _;
-use sluice::proto::envoy::service::discovery::v3::{
-    DiscoveryRequest, DiscoveryResponse,
-    aggregated_discovery_service_server::{
-        AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-    },
-};
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
@@ -35,220 +27,12 @@ use sluice::rules::RuleSet;
 use sluice::service::RateLimitService;
 use sluice::store::{MemoryStore, MemoryStoreConfig};
 use sluice::xds::{self, NO_CONFIG, TYPE_URL, XdsConfig, XdsHandle};
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::Code;
 
+use support::ads::{Management, TIMEOUT, mutual_tls, poll};
+use support::certs::Ca;
 use support::{OK, OVER, T0, descriptor, request};
-
-/// How long a test waits for an event before failing.
-const TIMEOUT: Duration = Duration::from_secs(20);
-
-// ------------------------------------------------------------ the server
-
-/// What the management server serves: a version and its configs. Each
-/// `send` on the watch is one response (with a new nonce), even if equal.
-type Snapshot = Option<(String, Vec<RateLimitConfig>)>;
-
-#[derive(Clone)]
-struct Ads {
-    snapshots: watch::Receiver<Snapshot>,
-    requests: mpsc::UnboundedSender<DiscoveryRequest>,
-    /// Every response sent: (version, nonce).
-    sent: Arc<Mutex<Vec<(String, String)>>>,
-    stop: CancellationToken,
-}
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for Ads {
-    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(4);
-        let mut snapshots = self.snapshots.clone();
-        snapshots.mark_changed();
-        let ads = self.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = ads.stop.cancelled() => break,
-                    changed = snapshots.changed() => {
-                        if changed.is_err() {
-                            break;
-                        }
-                        let Some((version, configs)) = snapshots.borrow_and_update().clone() else {
-                            continue;
-                        };
-                        let nonce = {
-                            let mut sent = ads.sent.lock();
-                            let nonce = format!("nonce-{}", sent.len());
-                            sent.push((version.clone(), nonce.clone()));
-                            nonce
-                        };
-                        let response = DiscoveryResponse {
-                            version_info: version,
-                            resources: configs
-                                .iter()
-                                .map(|c| prost_types::Any {
-                                    type_url: TYPE_URL.into(),
-                                    value: c.encode_to_vec(),
-                                })
-                                .collect(),
-                            type_url: TYPE_URL.into(),
-                            nonce,
-                            ..Default::default()
-                        };
-                        if tx.send(Ok(response)).await.is_err() {
-                            break;
-                        }
-                    }
-                    message = inbound.message() => match message {
-                        Ok(Some(request)) => {
-                            let _ = ads.requests.send(request);
-                        }
-                        _ => break,
-                    },
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-/// A management server that can be stopped and started again on its port.
-struct Management {
-    addr: SocketAddr,
-    snapshots: watch::Sender<Snapshot>,
-    requests: mpsc::UnboundedReceiver<DiscoveryRequest>,
-    requests_tx: mpsc::UnboundedSender<DiscoveryRequest>,
-    sent: Arc<Mutex<Vec<(String, String)>>>,
-    tls: Option<ServerTlsConfig>,
-    stop: CancellationToken,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Management {
-    async fn start(tls: Option<ServerTlsConfig>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (snapshots, _) = watch::channel(None);
-        let (requests_tx, requests) = mpsc::unbounded_channel();
-        let mut server = Self {
-            addr: listener.local_addr().unwrap(),
-            snapshots,
-            requests,
-            requests_tx,
-            sent: Arc::default(),
-            tls,
-            stop: CancellationToken::new(),
-            task: None,
-        };
-        server.serve(listener);
-        server
-    }
-
-    fn serve(&mut self, listener: TcpListener) {
-        let stop = CancellationToken::new();
-        self.stop = stop.clone();
-        let ads = Ads {
-            snapshots: self.snapshots.subscribe(),
-            requests: self.requests_tx.clone(),
-            sent: self.sent.clone(),
-            stop: stop.clone(),
-        };
-        let mut builder = Server::builder();
-        if let Some(tls) = self.tls.clone() {
-            builder = builder.tls_config(tls).unwrap();
-        }
-        let router = builder.add_service(AggregatedDiscoveryServiceServer::new(ads));
-        self.task = Some(tokio::spawn(async move {
-            let _ = router
-                .serve_with_incoming_shutdown(
-                    TcpListenerStream::new(listener),
-                    stop.cancelled_owned(),
-                )
-                .await;
-        }));
-    }
-
-    async fn stop(&mut self) {
-        self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-
-    async fn restart(&mut self) {
-        let listener = TcpListener::bind(self.addr).await.unwrap();
-        self.serve(listener);
-    }
-
-    fn push(&self, version: &str, configs: Vec<RateLimitConfig>) {
-        self.snapshots.send_replace(Some((version.into(), configs)));
-    }
-
-    /// The next request the server receives.
-    async fn next(&mut self) -> DiscoveryRequest {
-        tokio::time::timeout(TIMEOUT, self.requests.recv())
-            .await
-            .expect("a request within the deadline")
-            .expect("the request channel is open")
-    }
-
-    /// Requests until one answers the response with `nonce`.
-    async fn answer_to(&mut self, nonce: &str) -> DiscoveryRequest {
-        loop {
-            let request = self.next().await;
-            if request.response_nonce == nonce {
-                return request;
-            }
-        }
-    }
-
-    /// The nonce of the last response sent for `version`, once sent.
-    async fn nonce_of(&self, version: &str) -> String {
-        poll(|| {
-            self.sent
-                .lock()
-                .iter()
-                .rev()
-                .find(|(v, _)| v == version)
-                .map(|(_, n)| n.clone())
-        })
-        .await
-    }
-
-    /// How many responses were sent.
-    fn sent_count(&self) -> usize {
-        self.sent.lock().len()
-    }
-
-    /// The nonce of the `index`-th response, once sent.
-    async fn nonce_at(&self, index: usize) -> String {
-        poll(|| self.sent.lock().get(index).map(|(_, n)| n.clone())).await
-    }
-}
-
-/// Polls `f` until it yields, bounded by [`TIMEOUT`].
-async fn poll<T>(mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "event not seen in time"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 // ------------------------------------------------------------- the rules
 
@@ -659,29 +443,6 @@ async fn a_response_over_the_size_cap_is_refused() {
 
 // ----------------------------------------------------------------- mTLS
 
-struct Pki {
-    ca_pem: String,
-    cert_pem: String,
-    key_pem: String,
-}
-
-fn pki(name: &str) -> Pki {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["xds.test".to_string()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    Pki {
-        ca_pem: issuer.pem(),
-        cert_pem: leaf.pem(),
-        key_pem: key.serialize_pem(),
-    }
-}
-
 fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> Option<String> {
     let path = dir.path().join(name);
     std::fs::write(&path, text).unwrap();
@@ -691,30 +452,30 @@ fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> Option<String> {
 #[tokio::test]
 async fn mutual_tls_to_the_management_server() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let server_pki = pki("server-ca");
-    let client_pki = pki("client-ca");
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(
-            &server_pki.cert_pem,
-            &server_pki.key_pem,
-        ))
-        .client_ca_root(Certificate::from_pem(&client_pki.ca_pem));
+    let (server_ca, client_ca) = (Ca::new("server-ca"), Ca::new("client-ca"));
+    let server_leaf = server_ca.leaf_for("xds.test");
+    let client_leaf = client_ca.leaf_for("xds.test");
+    let tls = mutual_tls(
+        &server_leaf.cert_pem,
+        &server_leaf.key_pem,
+        &client_ca.pem(),
+    );
     let mut server = Management::start(Some(tls)).await;
     server.push("v1", vec![per_minute("xds", 2)]);
 
     let dir = tempfile::tempdir().unwrap();
     let good = XdsConfig {
         xds_tls: true,
-        xds_tls_ca_cert: write(&dir, "ca.pem", &server_pki.ca_pem),
+        xds_tls_ca_cert: write(&dir, "ca.pem", &server_ca.pem()),
         xds_tls_san: Some("xds.test".into()),
-        xds_tls_cert: write(&dir, "client.pem", &client_pki.cert_pem),
-        xds_tls_key: write(&dir, "client.key", &client_pki.key_pem),
+        xds_tls_cert: write(&dir, "client.pem", &client_leaf.cert_pem),
+        xds_tls_key: write(&dir, "client.key", &client_leaf.key_pem),
         ..client_config(server.addr)
     };
 
     // The wrong CA: the server is not trusted.
     let wrong = Fed::start(XdsConfig {
-        xds_tls_ca_cert: write(&dir, "other.pem", &client_pki.ca_pem),
+        xds_tls_ca_cert: write(&dir, "other.pem", &client_ca.pem()),
         ..good.clone()
     });
     let mut errors = wrong.handle.last_error();

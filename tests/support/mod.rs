@@ -3,8 +3,11 @@
 
 #![allow(dead_code)]
 
+pub mod ads;
+pub mod certs;
 pub mod envoy;
 pub mod redis;
+pub mod statsd;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -290,6 +293,38 @@ pub fn start_binary_with_http(args: &[&str]) -> (Process, String, SocketAddr) {
         }
     }
     panic!("sluice exited before listening");
+}
+
+/// A symlink named `ratelimit` in `dir` to the `sluice` binary: the image
+/// ships `/bin/ratelimit` that way, and the name selects upstream's
+/// settings.
+pub fn ratelimit_binary(dir: &std::path::Path) -> std::path::PathBuf {
+    let binary = dir.join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &binary).expect("symlink ratelimit");
+    binary
+}
+
+/// Polls `path` on `addr` until it answers `status`, for at most 20 s;
+/// returns the body of that answer.
+pub fn wait_for_http(addr: SocketAddr, path: &str, status: u16) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        // Not listening yet: try again.
+        let (got, body) = if std::net::TcpStream::connect(addr).is_ok() {
+            let (got, _, body) = http_exchange(addr, "GET", path, "");
+            (got, body)
+        } else {
+            (0, String::new())
+        };
+        if got == status {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{addr}{path} never answered {status} (last {got}: {body})"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A key prefix no other test in this process uses, so tests can share one
