@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use sluice::limiter::{Algorithm, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
 use sluice::store::{
     Batch, BatchItem, CounterStore, RedisStore, RedisStoreConfig, RedisTls, RedisUrl, StoreError,
     TimeSource,
 };
+use support::certs::Ca;
 use support::per_minute;
 use support::redis::{RedisServer, Reply, free_port};
 
@@ -88,42 +88,24 @@ fn holds(port: u16, key: &str) -> bool {
 
 // ------------------------------------------------------------------- TLS
 
-/// A CA that signs server and client certificates, written as PEM files.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
+/// Writes `ca`'s certificate as `<stem>.crt` in `dir`.
+fn write_ca(ca: &Ca, dir: &Path, stem: &str) -> PathBuf {
+    let path = dir.join(format!("{stem}.crt"));
+    std::fs::write(&path, ca.pem()).unwrap();
+    path
 }
 
-impl Ca {
-    fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        Self { issuer }
-    }
-
-    /// Writes `<stem>.crt` and `<stem>.key` for a certificate naming
-    /// `names` (no extended key usage: it serves either side).
-    fn leaf(&self, dir: &Path, stem: &str, names: &[&str]) -> (PathBuf, PathBuf) {
-        let key = KeyPair::generate().unwrap();
-        let params =
-            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-                .unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let (crt, key_path) = (
-            dir.join(format!("{stem}.crt")),
-            dir.join(format!("{stem}.key")),
-        );
-        std::fs::write(&crt, cert.pem()).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        (crt, key_path)
-    }
-
-    fn write(&self, dir: &Path, stem: &str) -> PathBuf {
-        let path = dir.join(format!("{stem}.crt"));
-        std::fs::write(&path, self.issuer.pem()).unwrap();
-        path
-    }
+/// Writes a certificate from `ca` for `name` as `<stem>.crt` and
+/// `<stem>.key` in `dir` (no extended key usage: it serves either side).
+fn write_leaf(ca: &Ca, dir: &Path, stem: &str, name: &str) -> (PathBuf, PathBuf) {
+    let leaf = ca.leaf_for(name);
+    let (crt, key) = (
+        dir.join(format!("{stem}.crt")),
+        dir.join(format!("{stem}.key")),
+    );
+    std::fs::write(&crt, leaf.cert_pem).unwrap();
+    std::fs::write(&key, leaf.key_pem).unwrap();
+    (crt, key)
 }
 
 /// A Redis serving TLS on its own port with a certificate for
@@ -140,8 +122,8 @@ impl TlsRedis {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca = Ca::new("redis-ca");
-        let ca_file = ca.write(dir.path(), "ca");
-        let (cert, key) = ca.leaf(dir.path(), "server", &["redis.internal"]);
+        let ca_file = write_ca(&ca, dir.path(), "ca");
+        let (cert, key) = write_leaf(&ca, dir.path(), "server", "redis.internal");
         let tls_port = free_port();
         let port = tls_port.to_string();
         let server = RedisServer::start_with(&[
@@ -173,7 +155,7 @@ impl TlsRedis {
     fn client_tls(&self) -> RedisTls {
         RedisTls {
             ca: Some(self.dir.path().join("ca.crt")),
-            client: Some(self.ca.leaf(self.dir.path(), "client", &["sluice"])),
+            client: Some(write_leaf(&self.ca, self.dir.path(), "client", "sluice")),
             skip_hostname_verification: true,
         }
     }
@@ -199,7 +181,7 @@ async fn tls_with_a_private_ca_a_client_certificate_and_any_name_counts() {
 async fn tls_refuses_a_wrong_name_a_missing_client_certificate_and_a_foreign_ca() {
     let redis = TlsRedis::start();
     let other = Ca::new("someone-else");
-    let other_ca = other.write(redis.dir.path(), "other-ca");
+    let other_ca = write_ca(&other, redis.dir.path(), "other-ca");
     let good = redis.client_tls();
     let cases = [
         (
@@ -220,7 +202,7 @@ async fn tls_refuses_a_wrong_name_a_missing_client_certificate_and_a_foreign_ca(
             "the server's chain does not lead to the CA given (names unchecked)",
             RedisTls {
                 ca: Some(other_ca),
-                client: Some(other.leaf(redis.dir.path(), "stranger", &["sluice"])),
+                client: Some(write_leaf(&other, redis.dir.path(), "stranger", "sluice")),
                 skip_hostname_verification: true,
             },
         ),
