@@ -127,7 +127,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ),
     ("USE_DOG_STATSD_MOGRIFIERS", "no DogStatsD sink"),
     ("EXTRA_TAGS", "stats carry no extra tags"),
-    ("STATSD_PROTOCOL", "statsd lines go over UDP"),
     (
         "TRACING_SERVICE_NAMESPACE",
         "traces carry service.name only",
@@ -605,6 +604,17 @@ pub fn layer(env: &Map<String, String>) -> Result<Layer, UpstreamError> {
         let host = r.string("STATSD_HOST", "localhost");
         let port = r.port("STATSD_PORT", 8125)?;
         set("statsd_addr", format!("{host}:{port}"));
+        // gostats reads it itself: TCP unless told udp.
+        let udp = match r
+            .string("STATSD_PROTOCOL", "tcp")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "tcp" => false,
+            "udp" => true,
+            _ => return Err(r.err("STATSD_PROTOCOL", "expected tcp or udp")),
+        };
+        set("statsd_udp", udp.to_string());
     }
     if prometheus {
         let addr = r.string("PROMETHEUS_ADDR", ":9090");
@@ -982,6 +992,11 @@ mod tests {
         assert_eq!(l.get("statsd_addr"), None);
         let statsd = [("STATSD_HOST", "sd"), ("STATSD_PORT", "9125")];
         assert_eq!(get(&statsd, "statsd_addr").unwrap(), "sd:9125");
+        assert_eq!(get(&statsd, "statsd_udp").unwrap(), "false");
+        let udp = [("STATSD_PROTOCOL", "UDP")];
+        assert_eq!(get(&udp, "statsd_udp").unwrap(), "true");
+        let bad = [("STATSD_PROTOCOL", "quic")];
+        assert_eq!(layer(&env(&bad)).unwrap_err().var, "STATSD_PROTOCOL");
     }
 
     #[test]
