@@ -22,6 +22,7 @@ mod conn;
 mod grpc;
 mod health;
 mod http;
+mod rls;
 mod tls;
 
 pub use conn::ConnLimits;
@@ -213,7 +214,7 @@ pub async fn run_with<S: CounterStore>(
     // Logging is set up by now: name the upstream variables not honoured.
     crate::settings::upstream::log_deferred();
     let health = health::service(limiter.clone(), shutdown.clone());
-    let routes = grpc::routes(
+    let (routes, rls) = grpc::routes(
         limiter.clone(),
         options.response(extras),
         health,
@@ -269,8 +270,12 @@ pub async fn run_with<S: CounterStore>(
         },
         closing.clone(),
         |io, activity| {
-            let requests =
-                grpc::GrpcRequests::new(routes.clone(), &options.grpc, invalid.clone(), activity);
+            let requests = grpc::GrpcRequests::new(
+                (routes.clone(), rls.clone()),
+                &options.grpc,
+                invalid.clone(),
+                activity,
+            );
             let acceptor = tls.as_ref().map(|tls| tls.acceptor());
             grpc::AnyGrpcConnection::new(acceptor, &http2, io, requests)
         },

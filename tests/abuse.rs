@@ -191,6 +191,27 @@ async fn undecodable_messages_are_invalid_argument_and_counted() {
     server.stop().await;
 }
 
+/// Sluice offers no compression: a message flagged compressed is
+/// UNIMPLEMENTED, and a well-formed one after it on the same connection is
+/// still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_message_is_unimplemented() {
+    let server = Server::start(RULES, HeaderMode::Off).await;
+    let (mut h2, _connection) = h2_connect(server.grpc).await;
+    let mut compressed = whole(&[0x0a, 0x01, b'x']).to_vec();
+    compressed[0] = 1;
+    let (http, grpc) = raw_call(
+        &mut h2,
+        Some("application/grpc"),
+        Bytes::from(compressed),
+        true,
+    )
+    .await;
+    assert_eq!((http, grpc.as_deref()), (200, Some("12")), "UNIMPLEMENTED");
+    rls_ok(&server).await;
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_is_not_grpc_gets_415() {
     let server = Server::start(RULES, HeaderMode::Off).await;

@@ -21,6 +21,7 @@ use tonic::codegen::Service;
 use tonic::service::Routes;
 
 use super::conn::{Activity, CountedBody, Served, Tracked};
+use super::rls::{self, RlsService};
 use crate::proto as pb;
 use crate::telemetry::metrics::InvalidRequestCounters;
 
@@ -233,10 +234,13 @@ impl Served for AnyGrpcConnection {
     }
 }
 
-/// The requests of one connection, answered by tonic's routes.
+/// The requests of one connection: `ShouldRateLimit` by [`rls`], the other
+/// services by tonic's routes.
 #[derive(Clone)]
 pub(crate) struct GrpcRequests {
     routes: Routes,
+    rls: RlsService,
+    max_request_bytes: usize,
     timeout: Duration,
     invalid: Arc<InvalidRequestCounters>,
     activity: Arc<Activity>,
@@ -244,13 +248,15 @@ pub(crate) struct GrpcRequests {
 
 impl GrpcRequests {
     pub(crate) fn new(
-        routes: Routes,
+        (routes, rls): (Routes, RlsService),
         limits: &GrpcLimits,
         invalid: Arc<InvalidRequestCounters>,
         activity: Arc<Activity>,
     ) -> Self {
         Self {
             routes,
+            rls,
+            max_request_bytes: limits.max_request_bytes,
             timeout: limits.request_timeout,
             invalid,
             activity,
@@ -265,8 +271,12 @@ impl GrpcRequests {
         let rls = request.uri().path() == RLS_PATH;
         // The client's own deadline, when shorter, as tonic's server did.
         let timeout = grpc_timeout(request.headers()).map_or(self.timeout, |t| t.min(self.timeout));
-        let routes = &mut self.routes;
+        let (routes, invalid) = (&mut self.routes, &*self.invalid);
+        let (service, max_request_bytes) = (&self.rls, self.max_request_bytes);
         let call = async move {
+            if rls {
+                return Ok(rls::answer(service, request, max_request_bytes, invalid).await);
+            }
             let request = request.map(Body::new);
             poll_fn(|cx| Service::<Request<Body>>::poll_ready(routes, cx)).await?;
             routes.call(request).await
@@ -391,8 +401,9 @@ fn not_grpc() -> Response<Body> {
     response
 }
 
-/// tonic's routes for the RLS, health and reflection services, each taking
-/// messages of at most `max_request_bytes`.
+/// tonic's routes for the health and reflection services, each taking
+/// messages of at most `max_request_bytes`, and the RLS service that
+/// [`rls`] serves beside them.
 pub(crate) fn routes<S: crate::store::CounterStore>(
     limiter: Arc<crate::decision::Limiter<S>>,
     response: crate::service::ResponseOptions,
@@ -401,7 +412,7 @@ pub(crate) fn routes<S: crate::store::CounterStore>(
     >,
     max_request_bytes: usize,
     rules_gate: Option<tokio::sync::watch::Receiver<bool>>,
-) -> Result<Routes, tonic_reflection::server::Error> {
+) -> Result<(Routes, RlsService), tonic_reflection::server::Error> {
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
@@ -419,15 +430,11 @@ pub(crate) fn routes<S: crate::store::CounterStore>(
                 .max_decoding_message_size(max_request_bytes),
         );
     let service = crate::service::RateLimitService::with_options(limiter, response);
-    Ok(match rules_gate {
-        Some(loaded) => routes.add_service(
-            pb::RateLimitServiceServer::new(crate::xds::Gated::new(service, loaded))
-                .max_decoding_message_size(max_request_bytes),
-        ),
-        None => routes.add_service(
-            pb::RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
-        ),
-    })
+    let rls: RlsService = match rules_gate {
+        Some(loaded) => Arc::new(crate::xds::Gated::new(service, loaded)),
+        None => Arc::new(service),
+    };
+    Ok((routes, rls))
 }
 
 #[cfg(test)]

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Sluice and Limitador side by side, on this machine, in one run: each server
+# in turn answers the same ShouldRateLimit load from h2load (a standard
+# HTTP/2 load tool), and the script reports decisions/s (h2load's) and the
+# CPU each server process, and Redis, spent per decision (read from
+# /proc/PID/stat before and after each round, so it is CPU time, not wall
+# time). Rounds alternate between the servers so that a noisy neighbour
+# hits both alike.
+#
+# Usage: benches/side_by_side.sh [memory|redis] [ROUNDS]
+#   SLUICE     the sluice binary       (default target/release/sluice)
+#   LIMITADOR  the limitador-server binary, built by
+#              ../shared/tools/build-limitador.sh (default /tmp/limitador/target/release/limitador-server);
+#              when missing, Limitador's rows are left out
+#   REQUESTS   requests per round      (default 200000)
+#   CLIENTS    connections x streams   (default "8 16": h2load -c 8 -m 16)
+#
+# Needs h2load (Debian: nghttp2-client) and, for redis, redis-server. The
+# load: one descriptor of two entries (client=c1, path=/x) under a limit no
+# request reaches, so every decision counts. "bare gRPC" is Sluice answering
+# a method it does not have (no decode, no decision): the floor of the
+# HTTP/2 and gRPC framing alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=${1:-memory}
+rounds=${2:-2}
+sluice=${SLUICE:-target/release/sluice}
+limitador=${LIMITADOR:-/tmp/limitador/target/release/limitador-server}
+requests=${REQUESTS:-200000}
+read -r conns streams <<<"${CLIENTS:-8 16}"
+
+command -v h2load >/dev/null || { echo "needs h2load: apt-get install nghttp2-client" >&2; exit 1; }
+[ -x "$sluice" ] || { echo "no $sluice: cargo build --release" >&2; exit 1; }
+[ -x "$limitador" ] || { echo "note: no Limitador at $limitador; its rows are left out" >&2; limitador=; }
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# The request, as a gRPC frame: RateLimitRequest{domain, descriptors[0].entries}.
+python3 - "$work/request.bin" <<'PY'
+import sys
+def field(number, payload):
+    tag = bytes([(number << 3) | 2])
+    n, length = len(payload), b""
+    while True:
+        b = n & 0x7F; n >>= 7
+        length += bytes([b | (0x80 if n else 0)])
+        if not n: break
+    return tag + length + payload
+entry = lambda k, v: field(1, field(1, k.encode()) + field(2, v.encode()))
+message = field(1, b"bench") + field(2, entry("client", "c1") + entry("path", "/x"))
+open(sys.argv[1], "wb").write(b"\x00" + len(message).to_bytes(4, "big") + message)
+PY
+
+cat >"$work/rules.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: client
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 1000000000}
+YAML
+cat >"$work/limits.yaml" <<'YAML'
+- namespace: bench
+  max_value: 1000000000
+  seconds: 60
+  conditions: []
+  variables:
+    - descriptors[0].client
+    - descriptors[0].path
+YAML
+
+redis_pid=
+redis_url=
+if [ "$mode" = redis ]; then
+  command -v redis-server >/dev/null || { echo "needs redis-server" >&2; exit 1; }
+  rport=$(free_port)
+  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null 2>&1 &
+  redis_pid=$!
+  pids+=("$redis_pid")
+  until redis-cli -p "$rport" ping >/dev/null 2>&1; do sleep 0.1; done
+  redis_url="redis://127.0.0.1:$rport"
+fi
+
+# Clock ticks of user + system CPU of a process so far.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+wait_port() { until (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do sleep 0.1; done; }
+
+start_sluice() {
+  local port=$1
+  local args=(serve --rules "$work/rules.yaml" --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)")
+  [ -n "$redis_url" ] && args+=(--redis-url "$redis_url")
+  "$sluice" "${args[@]}" >"$work/sluice.log" 2>&1 &
+  echo $!
+}
+
+start_limitador() {
+  local port=$1
+  local storage=(memory)
+  [ -n "$redis_url" ] && storage=(redis "$redis_url")
+  "$limitador" --rls-ip 127.0.0.1 --rls-port "$port" --http-ip 127.0.0.1 --http-port "$(free_port)" \
+    "$work/limits.yaml" "${storage[@]}" >"$work/limitador.log" 2>&1 &
+  echo $!
+}
+
+# One round: h2load against PORT/PATH while PID serves it; prints
+# "decisions/s server-µs redis-µs".
+round() {
+  local pid=$1 port=$2 path=$3
+  local url="http://127.0.0.1:$port$path"
+  # Warm-up: connections, allocator, first keys.
+  h2load -n 20000 -c "$conns" -m "$streams" -d "$work/request.bin" \
+    -H 'content-type: application/grpc' -H 'te: trailers' "$url" >/dev/null
+  local s0 r0 s1 r1 out
+  s0=$(ticks "$pid"); r0=$([ -n "$redis_pid" ] && ticks "$redis_pid" || echo 0)
+  out=$(h2load -n "$requests" -c "$conns" -m "$streams" -d "$work/request.bin" \
+    -H 'content-type: application/grpc' -H 'te: trailers' "$url")
+  s1=$(ticks "$pid"); r1=$([ -n "$redis_pid" ] && ticks "$redis_pid" || echo 0)
+  local ok rps
+  ok=$(sed -n 's/.*status codes: \([0-9]*\) 2xx.*/\1/p' <<<"$out")
+  rps=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
+  [ "$ok" = "$requests" ] || { echo "only $ok of $requests answered 2xx:" >&2; echo "$out" >&2; exit 1; }
+  python3 -c "import sys; hz,n=$hz,$requests; print(f'{float(\"$rps\"):.0f} {($s1-$s0)*1e6/hz/n:.2f} {($r1-$r0)*1e6/hz/n:.2f}')"
+}
+
+rls=/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+printf '%-22s %6s %12s %18s %17s\n' server round decisions/s "server CPU µs/dec" "Redis CPU µs/dec"
+for r in $(seq 1 "$rounds"); do
+  port=$(free_port); pid=$(start_sluice "$port"); pids+=("$pid"); wait_port "$port"
+  read -r rps cpu rcpu < <(round "$pid" "$port" /envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod)
+  printf '%-22s %6s %12s %18s %17s\n' "bare gRPC (Sluice)" "$r" "$rps" "$cpu" -
+  read -r rps cpu rcpu < <(round "$pid" "$port" "$rls")
+  printf '%-22s %6s %12s %18s %17s\n' "Sluice, $mode" "$r" "$rps" "$cpu" "$([ -n "$redis_pid" ] && echo "$rcpu" || echo -)"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  if [ -n "$limitador" ]; then
+    port=$(free_port); pid=$(start_limitador "$port"); pids+=("$pid"); wait_port "$port"
+    read -r rps cpu rcpu < <(round "$pid" "$port" "$rls")
+    printf '%-22s %6s %12s %18s %17s\n' "Limitador, $mode" "$r" "$rps" "$cpu" "$([ -n "$redis_pid" ] && echo "$rcpu" || echo -)"
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+  fi
+done
