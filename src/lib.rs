@@ -42,13 +42,13 @@
 pub mod admin;
 pub mod app;
 pub mod bench;
+pub mod certs;
 pub mod cli;
 pub mod decision;
 pub mod headers;
 #[allow(missing_docs)]
 pub mod limiter;
 pub mod overlimit;
-mod pem;
 #[allow(missing_docs)]
 pub mod proto;
 pub mod query;

@@ -110,7 +110,8 @@ fn server_config(files: &TlsFiles, contents: &Contents) -> Result<ServerConfig, 
         what,
     };
     let certs = certificates(&files.cert, &contents.cert)?;
-    let key = crate::pem::private_key(&contents.key).map_err(|what| pem_error(&files.key, what))?;
+    let key =
+        crate::certs::private_key(&contents.key).map_err(|what| pem_error(&files.key, what))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|source| TlsError::Config {
@@ -150,7 +151,7 @@ fn server_config(files: &TlsFiles, contents: &Contents) -> Result<ServerConfig, 
 
 /// Every certificate in a PEM file; at least one.
 fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    crate::pem::certificates(pem).map_err(|what| TlsError::Pem {
+    crate::certs::certificates(pem).map_err(|what| TlsError::Pem {
         path: path.to_owned(),
         what,
     })

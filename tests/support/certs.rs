@@ -20,13 +20,9 @@ use rcgen::{
 };
 use rustls::client::WantsClientCert;
 use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::{
-    CertificateError, ClientConfig, ConfigBuilder, DigitallySignedStruct, RootCertStore,
-    SignatureScheme,
-};
+use rustls::{ClientConfig, ConfigBuilder, RootCertStore};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -222,7 +218,7 @@ pub fn chain_only_client_config(ca: &Ca, identity: Option<&Leaf>) -> Arc<ClientC
         .with_safe_default_protocol_versions()
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(ChainOnly(verifier)));
+        .with_custom_certificate_verifier(Arc::new(sluice::certs::ChainOnly::new(verifier)));
     finish(builder, identity)
 }
 
@@ -242,55 +238,6 @@ fn finish(
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
     Arc::new(config)
-}
-
-/// Verifies the chain with webpki and accepts a certificate for any name.
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        // webpki checks the name last, after the chain: a name error means
-        // the chain was good.
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
 }
 
 /// A TLS connection to `addr`, which must show a certificate for localhost.

@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use fred::prelude::TlsConnector;
 use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore};
+use rustls::{ClientConfig, RootCertStore};
+
+use crate::certs::ChainOnly;
 
 /// The TLS material of the Redis connections, as PEM files.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -40,7 +40,7 @@ impl RedisTls {
         // others (and the CA file may be all that is needed).
         roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
         if let Some(path) = &self.ca {
-            for cert in crate::pem::certificates(&read(path)?).map_err(|e| at(path, e))? {
+            for cert in crate::certs::certificates(&read(path)?).map_err(|e| at(path, e))? {
                 roots.add(cert).map_err(|e| at(path, e.to_string()))?;
             }
         }
@@ -53,14 +53,14 @@ impl RedisTls {
         let builder = if self.skip_hostname_verification {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyName(verifier)))
+                .with_custom_certificate_verifier(Arc::new(ChainOnly::new(verifier)))
         } else {
             builder.with_webpki_verifier(verifier)
         };
         let config = match &self.client {
             Some((cert, key)) => {
-                let chain = crate::pem::certificates(&read(cert)?).map_err(|e| at(cert, e))?;
-                let key_der = crate::pem::private_key(&read(key)?).map_err(|e| at(key, e))?;
+                let chain = crate::certs::certificates(&read(cert)?).map_err(|e| at(cert, e))?;
+                let key_der = crate::certs::private_key(&read(key)?).map_err(|e| at(key, e))?;
                 builder
                     .with_client_auth_cert(chain, key_der)
                     .map_err(|e| format!("{} and {}: {e}", cert.display(), key.display()))?
@@ -77,54 +77,4 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
 
 fn at(path: &Path, what: impl std::fmt::Display) -> String {
     format!("Redis TLS file {}: {what}", path.display())
-}
-
-/// WebPKI verification with the name check left out: the chain, validity
-/// and signatures are verified as usual.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        // The chain is checked before the name, so a name error means the
-        // chain passed.
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
 }
