@@ -29,6 +29,8 @@
 //!   reload sink as files;
 //! - [`admin`] serves the admin HTTP routes (`/json`, `/rlconfig`,
 //!   `/healthcheck`, `/counters`, metrics);
+//! - [`certs`] reads PEM certificates and keys for every TLS endpoint and
+//!   holds the verifier that checks a chain but not a name;
 //! - [`settings`] (one declaration per setting, and envoyproxy/ratelimit's
 //!   variables as a layer over it), [`cli`], [`query`], [`bench`],
 //!   [`telemetry`] (Sluice's metrics, and upstream's stat names with their

@@ -546,10 +546,11 @@ impl Shared {
     /// slot, since a script may only touch keys of one slot. Each call waits
     /// at most `timeout`; a refund that fails is logged (its hits stay
     /// counted until their window passes).
-    #[allow(clippy::type_complexity)]
     async fn refund(self: &Arc<Self>, parts: Vec<(Owed, Vec<Answer>)>, timeout: Duration) {
-        // (Redis and slot, keys, arguments) of each refund call.
-        let mut by_slot: Vec<((Target, u16), Vec<String>, Vec<Value>)> = Vec::new();
+        // Where each refund call goes (a Redis and a slot): its keys and
+        // arguments.
+        type Place = (Target, u16);
+        let mut by_slot: Vec<(Place, Vec<String>, Vec<Value>)> = Vec::new();
         for (owed, answers) in parts {
             let place = (owed.target, fred::util::redis_keyslot(owed.key.as_bytes()));
             let group = match by_slot.iter().position(|(p, _, _)| *p == place) {
