@@ -13,20 +13,10 @@ use crate::decision::Bounds;
 use crate::headers::HeaderMode;
 use crate::limiter::{Counting, MAX_HITS};
 use crate::store::{MemoryStoreConfig, RedisUrl, TimeSource};
+pub use crate::telemetry::LogFormat;
 use crate::telemetry::traces::{OtlpExport, OtlpProtocol};
 
 pub mod upstream;
-
-/// Log output format.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Human,
-    /// One JSON object per line.
-    Json,
-}
 
 /// Declares every setting exactly once — name, type, flag type and value
 /// name, default and doc line (plus upstream's env name where one exists) —

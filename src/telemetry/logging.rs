@@ -12,7 +12,27 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use super::traces::{self, TelemetryError, TelemetryGuard};
-use crate::settings::LogFormat;
+
+/// Log output format.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global subscriber and the W3C Trace Context propagator.
 ///
@@ -25,7 +45,7 @@ use crate::settings::LogFormat;
 ///   returned guard kept until shutdown, while the runtime still runs.
 ///
 /// ```no_run
-/// # use sluice::settings::LogFormat;
+/// # use sluice::telemetry::LogFormat;
 /// # use sluice::telemetry::traces::OtlpExport;
 /// # fn main() -> anyhow::Result<()> {
 /// let runtime = tokio::runtime::Runtime::new()?;

@@ -6,5 +6,5 @@ pub mod metrics;
 pub mod traces;
 pub mod upstream;
 
-pub use logging::init;
+pub use logging::{LogFormat, init};
 pub use traces::{TelemetryError, TelemetryGuard};
