@@ -1,4 +1,5 @@
-//! The Redis store: one `EVALSHA` of `redis/decide.lua` per request (per
+//! The Redis store: one `EVALSHA` of `decide.lua` (assembled from
+//! `redis/decide/`) per request (per
 //! slot group on Redis Cluster). The only module (with `redis/`) that sees
 //! fred.
 //!
@@ -53,7 +54,8 @@ use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
 use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
 
-const DECIDE: &str = include_str!("redis/decide.lua");
+/// Assembled by build.rs from `redis/decide/` (see its `prelude.lua`).
+const DECIDE: &str = include_str!(concat!(env!("OUT_DIR"), "/decide.lua"));
 const REFUND: &str = include_str!("redis/refund.lua");
 const RESET: &str = include_str!("redis/reset.lua");
 
