@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod cli;
 pub mod decision;

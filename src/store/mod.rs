@@ -9,9 +9,9 @@ mod redis;
 
 pub use breaker::{BreakerConfig, Circuit};
 pub use memory::{MemoryStore, MemoryStoreConfig};
-pub use redis::{
-    LuaScript, RedisStore, RedisStoreConfig, RedisUrl, ScriptRunner, TimeSource, server_info,
-};
+#[cfg(feature = "bench")]
+pub use redis::server_info;
+pub use redis::{LuaScript, RedisStore, RedisStoreConfig, RedisUrl, ScriptRunner, TimeSource};
 
 use std::future::Future;
 use std::time::Duration;

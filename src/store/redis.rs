@@ -30,6 +30,7 @@
 //! breaker is closed).
 
 mod cluster;
+#[cfg(feature = "bench")]
 mod info;
 mod node;
 mod url;
@@ -46,6 +47,7 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use self::cluster::Cluster;
+#[cfg(feature = "bench")]
 pub use self::info::server_info;
 use self::node::{Node, Redirect, Sent};
 pub use self::url::RedisUrl;
@@ -240,6 +242,7 @@ impl RedisStore {
 
     /// A connected client of the one Redis (`None` on a Cluster, or while
     /// disconnected), for tools that need raw commands (the cost harness).
+    #[cfg(feature = "bench")]
     pub fn client(&self) -> Option<fred::clients::Client> {
         match &self.shared.route {
             Route::Single(node) => node.client().ok(),
