@@ -32,9 +32,9 @@ end
 -- brought to now.
 for i = 1, #KEYS do
   local k = items[i][1]
-  if k[9] == i and k[3] > 1 then
-    local v = call('HMGET', k[1], unpack(k[2], 1, k[3]))
-    k[8] = v[1] -- parsed only if some counter needs the HASH to live longer
+  if k[7] == i and k[2] > 1 then
+    local v = call('HMGET', k[1], unpack(k, 8, 7 + k[2]))
+    k[6] = v[1] -- parsed only if some counter needs the HASH to live longer
     for j = 1, nl do
       local st = limits[j][2]
       if st[6] == j and st[2] == k then
@@ -101,8 +101,8 @@ for phase = 1, 2 do
       elseif hits > 0 and (applied or item[2] >= '4') then
         local until_ms
         slot, until_ms = st[1]('add', st, l, hits)
-        if until_ms > st[2][7] then
-          st[2][7] = until_ms
+        if until_ms > st[2][5] then
+          st[2][5] = until_ms
         end
       end
       reply[r + 5], reply[r + 7] = st[1]('report', st, l)
@@ -139,22 +139,22 @@ for j = 1, nl do
 end
 for i = 1, #KEYS do
   local k = items[i][1]
-  if k[9] == i then -- once per key
-    if k[6] then
-      call('HDEL', k[1], unpack(k[6]))
+  if k[7] == i then -- once per key
+    if k[4] then
+      call('HDEL', k[1], unpack(k[4]))
     end
-    local extend = k[7] > 0 and k[7] > (tonumber(k[8]) or 0)
+    local extend = k[5] > 0 and k[5] > (tonumber(k[6]) or 0)
     if extend then
-      write(k, 'x', fmt('%d', k[7]))
+      write(k, 'x', fmt('%d', k[5]))
     end
     -- HSET first: PEXPIRE on a key that does not exist yet does nothing.
     -- One second of slack covers clock differences between replicas in
     -- "local" time mode.
-    if k[5] > 0 then
-      call('HSET', k[1], unpack(k[4], 1, k[5]))
+    if k[3] > 0 then
+      call('HSET', k[1], unpack(k, 8 + k[2], 7 + k[2] + k[3]))
     end
     if extend then
-      call('PEXPIRE', k[1], fmt('%d', k[7] - now + 1000))
+      call('PEXPIRE', k[1], fmt('%d', k[5] - now + 1000))
     end
   end
 end

@@ -27,9 +27,9 @@ fixed_window = uses_fixed and function(op, st, l, x)
     st[10], st[11] = st[9], st[11] + hits
     -- The field names read by 'new' are reused; writes queued inline.
     local k, at = st[2], st[3]
-    local set, ns, names = k[4], k[5], k[2]
-    set[ns + 1], set[ns + 2], set[ns + 3], set[ns + 4] = names[at], fmt('%d', st[10]), names[at + 1], fmt('%d', st[11])
-    k[5] = ns + 4
+    local w = 7 + k[2] + k[3]
+    k[w + 1], k[w + 2], k[w + 3], k[w + 4] = k[7 + at], fmt('%d', st[10]), k[8 + at], fmt('%d', st[11])
+    k[3] = k[3] + 4
     return st[10], grew and (st[10] + 1) * st[8] or 0
   elseif op == 'report' then
     local reset = (st[9] + 1) * st[8] - now
@@ -43,9 +43,9 @@ fixed_window = uses_fixed and function(op, st, l, x)
     write(st[2], st[7] .. 'c', fmt('%d', st[11]))
     return st[11]
   elseif op == 'new' then
-    local k, n = st, st[3]
-    k[2][n + 1], k[2][n + 2] = x .. 'w', x .. 'c'
-    k[3] = n + 2
+    local k, n = st, st[2]
+    k[8 + n], k[9 + n] = x .. 'w', x .. 'c'
+    k[2] = n + 2
     return { fixed_window, k, n + 1, 0, 0, 0, x, l[4], math.floor(now / l[4]), false, 0 }
   elseif op == 'prefix' then
     return st .. ':f:'

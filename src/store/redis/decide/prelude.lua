@@ -79,8 +79,11 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 -- Records are arrays, their slots listed where each is made: a table's
 -- hash part costs about three times its array part to fill and to collect,
 -- and the records are made anew on every call.
---   key    { name, fields, #fields, writes, #writes, deletes (or false),
---            expiry wanted (ms), expiry stored ("x", as read), first item }
+--   key    { name, #fields, #writes, deletes (or false), expiry wanted
+--            (ms), expiry stored ("x", as read), first item, then the
+--            field names its HMGET reads (from 8), then the field, value
+--            pairs its HSET writes (after the names: every name is planned
+--            before anything is written) }
 --   item   { key record, role code (ARGV, one digit), hits, over }
 --   limit  { item, state, requests, duration_ms, where it starts in ARGV }
 --   state  { algorithm, key record, where its fields start in the key's
@@ -96,7 +99,9 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 --   'prefix' st = duration, l = param (both as ARGV has them): the prefix of
 --           the counter's fields
 --   'new'   st = key record, l = the first limit counted on it, x = prefix:
---           a new state whose fields are appended to the key's HMGET
+--           a new state whose fields are appended to the key's HMGET (its
+--           slot 3: where they start in that HMGET's reply; the names are at
+--           7 + that in the key record)
 --   'load'  x = that HMGET's reply: the state as stored, brought to `now`
 --           (what left the window forgotten); returns what is in use, or
 --           nil when that depends on the limit
@@ -122,7 +127,7 @@ local whole = ARGV[2] == 'all'
 
 -- Queues `field = value` for the key's one HSET (values already strings).
 local function write(k, field, value)
-  local n = k[5]
-  k[4][n + 1], k[4][n + 2] = field, value
-  k[5] = n + 2
+  local at = 7 + k[2] + k[3]
+  k[at + 1], k[at + 2] = field, value
+  k[3] = k[3] + 2
 end

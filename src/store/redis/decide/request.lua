@@ -17,8 +17,7 @@ for i = 1, #KEYS do
   end
   if not k then
     -- Sized for one sliding window: a table that grows is reallocated.
-    k = { key, { 'x', false, false, false, false, false }, 1,
-      { false, false, false, false, false, false, false, false }, 0, false, 0, 0, i }
+    k = { key, 1, 0, false, 0, 0, i, 'x', false, false, false, false, false, false, false, false, false }
   end
   -- The role code is one digit, compared as a string: 0 enforce, 1 shadow,
   -- 2 quota, 3 refund, plus 4 when counted always.

@@ -90,14 +90,14 @@ sliding_log = uses_log and function(op, st, l, x)
       end
       write(k, f .. 'e', table.concat(parts, ','))
     else
-      local del = k[6] or {}
-      k[6] = del
+      local del = k[4] or {}
+      k[4] = del
       del[#del + 1] = f .. 'e'
     end
   elseif op == 'new' then
-    local k, n = st, st[3]
-    k[2][n + 1] = x .. 'e'
-    k[3] = n + 1
+    local k, n = st, st[2]
+    k[8 + n] = x .. 'e'
+    k[2] = n + 1
     return { sliding_log, k, n + 1, 0, 0, 0, x, l[4], l[3], false, {}, {}, 0, false }
   elseif op == 'prefix' then
     return st .. (l == '1' and ':c:' or ':l:')

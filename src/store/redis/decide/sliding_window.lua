@@ -41,8 +41,8 @@ sliding_window = uses_sliding and function(op, st, l, x)
         names[b - o + 1] = fmt('%s%d', f, b)
       end
       local counts = redis.call('HMGET', k[1], unpack(names))
-      local del, first = k[6] or {}, nil
-      k[6] = del
+      local del, first = k[4] or {}, nil
+      k[4] = del
       for j = 1, #names do
         local c = tonumber(counts[j])
         if c then
@@ -85,21 +85,21 @@ sliding_window = uses_sliding and function(op, st, l, x)
     end
     -- The field names read by 'new' are reused: making a string costs more
     -- than the arithmetic.
-    local names, at, c = k[2], st[3], nil
+    local at, c = 7 + st[3], nil
     if b == st[11] then
       c = (st[16] or 0) + hits
       st[16] = c
       if b == st[10] then
         st[15] = c -- P is not shorter than D: one bucket is both
       end
-      local set, ns = k[4], k[5]
-      set[ns + 1], set[ns + 2], set[ns + 3], set[ns + 4] = names[at + 4], fmt('%d', c), names[at], fmt('%d', t + hits)
-      k[5] = ns + 4
+      local w = 7 + k[2] + k[3]
+      k[w + 1], k[w + 2], k[w + 3], k[w + 4] = k[at + 4], fmt('%d', c), k[at], fmt('%d', t + hits)
+      k[3] = k[3] + 4
     else
       c = (sliding_window('bucket', st, nil, b) or 0) + hits
       sliding_window('put', st, c, b)
       write(k, fmt('%s%d', st[7], b), fmt('%d', c))
-      write(k, names[at], fmt('%d', t + hits))
+      write(k, k[at], fmt('%d', t + hits))
     end
     -- The markers are written only when they change; so is the HASH's
     -- expiry, which then moves (a new newest bucket).
@@ -108,10 +108,10 @@ sliding_window = uses_sliding and function(op, st, l, x)
       local sb = fmt('%d', b)
       if t == 0 then
         st[13] = b
-        write(k, names[at + 1], sb)
+        write(k, k[at + 1], sb)
       end
       st[14] = b
-      write(k, names[at + 2], sb)
+      write(k, k[at + 2], sb)
     end
     st[12] = t + hits
     return b, grew and (b + 1) * st[9] + st[8] or 0
@@ -156,10 +156,10 @@ sliding_window = uses_sliding and function(op, st, l, x)
     local k, d = st, l[4]
     local p = tonumber(ARGV[l[5] + 3])
     local oldest, cur = math.floor((now - d) / p), math.floor(now / p)
-    local fields, n = k[2], k[3]
-    fields[n + 1], fields[n + 2], fields[n + 3] = x .. 't', x .. 'o', x .. 'n'
-    fields[n + 4], fields[n + 5] = fmt('%s%d', x, oldest), fmt('%s%d', x, cur)
-    k[3] = n + 5
+    local n = k[2]
+    k[8 + n], k[9 + n], k[10 + n] = x .. 't', x .. 'o', x .. 'n'
+    k[11 + n], k[12 + n] = fmt('%s%d', x, oldest), fmt('%s%d', x, cur)
+    k[2] = n + 5
     return { sliding_window, k, n + 1, 0, 0, 0, x, d, p, oldest, cur, 0, false, false, false, false }
   elseif op == 'prefix' then
     return st .. ':' .. l .. ':'
