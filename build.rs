@@ -4,6 +4,10 @@
 //! servers and clients. The ADS server is generated too: the xDS tests run a
 //! management server in Rust. The encoded descriptor set is written next to the
 //! code for gRPC server reflection.
+//!
+//! It also assembles the Redis store's decision script, `decide.lua` in
+//! `OUT_DIR`, from its parts in `src/store/redis/decide/` (one file per
+//! algorithm and the driver; `prelude.lua` says why and in what order).
 
 use std::{env, fs, path::PathBuf};
 
@@ -20,9 +24,36 @@ const XDS_PROTOS: &[&str] = &[
     "ratelimit/config/ratelimit/v3/rls_conf.proto",
 ];
 
+/// The parts of decide.lua, in the order they are joined: the contract and
+/// shared arithmetic first, each algorithm before the driver that calls it.
+const DECIDE_PARTS: &[&str] = &[
+    "prelude",
+    "request",
+    "sliding_window",
+    "fixed_window",
+    "token_bucket",
+    "sliding_log",
+    "driver",
+];
+
+/// Joins the parts into one chunk (Redis runs one script per call); a
+/// comment line marks where each part starts, for error line numbers.
+fn assemble_decide(out_dir: &std::path::Path) -> std::io::Result<()> {
+    println!("cargo:rerun-if-changed=src/store/redis/decide");
+    let mut script = String::new();
+    for part in DECIDE_PARTS {
+        let path = format!("src/store/redis/decide/{part}.lua");
+        script.push_str(&format!("-- {path}\n"));
+        script.push_str(&fs::read_to_string(&path)?);
+        script.push('\n');
+    }
+    fs::write(out_dir.join("decide.lua"), script)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    assemble_decide(&out_dir)?;
 
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler.include_imports(true).include_source_info(false);

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "bench")]
 use crate::bench::BenchArgs;
 use crate::query::QueryArgs;
 use crate::settings::SettingsFlags;
@@ -55,7 +56,31 @@ pub enum Command {
     /// Send one ShouldRateLimit request and print the decision.
     Query(QueryArgs),
     /// Load-test any RLS server: decisions/s, latency percentiles, Redis cost per decision.
+    #[cfg(feature = "bench")]
     Bench(Box<BenchArgs>),
+    /// The load generator, absent from this build (built without the `bench` feature).
+    #[cfg(not(feature = "bench"))]
+    Bench(BenchUnavailable),
+}
+
+/// `sluice bench` in a binary built without the load generator: whatever
+/// its arguments, the command says so instead of clap's "unrecognized
+/// subcommand".
+#[cfg(not(feature = "bench"))]
+#[derive(Debug, clap::Args)]
+pub struct BenchUnavailable {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    _args: Vec<String>,
+}
+
+#[cfg(not(feature = "bench"))]
+impl BenchUnavailable {
+    /// Why `sluice bench` cannot run here, and how to get a binary that can.
+    pub fn error(&self) -> String {
+        "this sluice binary was built without the `bench` feature (the load generator); \
+         build one with it: cargo build --release (the default features include it)"
+            .to_owned()
+    }
 }
 
 /// `sluice serve`.

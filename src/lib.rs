@@ -43,6 +43,7 @@
 
 pub mod admin;
 pub mod app;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod certs;
 pub mod cli;

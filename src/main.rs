@@ -24,7 +24,10 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(*args),
         Command::CheckConfig(args) => Ok(check_config(&args)),
         Command::Query(args) => query(&args),
+        #[cfg(feature = "bench")]
         Command::Bench(args) => bench(&args),
+        #[cfg(not(feature = "bench"))]
+        Command::Bench(args) => Err(anyhow::anyhow!(args.error())),
     };
     result.unwrap_or_else(|e| {
         eprintln!("sluice: {e:#}");
@@ -124,6 +127,7 @@ fn query(args: &sluice::query::QueryArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+#[cfg(feature = "bench")]
 fn bench(args: &sluice::bench::BenchArgs) -> anyhow::Result<ExitCode> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = args.threads {

@@ -9,9 +9,10 @@ mod redis;
 
 pub use breaker::{BreakerConfig, Circuit};
 pub use memory::{MemoryStore, MemoryStoreConfig};
+#[cfg(feature = "bench")]
+pub use redis::server_info;
 pub use redis::{
     LuaScript, RedisStore, RedisStoreConfig, RedisTls, RedisUrl, ScriptRunner, TimeSource,
-    server_info,
 };
 
 use std::future::Future;

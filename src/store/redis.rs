@@ -1,4 +1,5 @@
-//! The Redis store: one `EVALSHA` of `redis/decide.lua` per request (per
+//! The Redis store: one `EVALSHA` of `decide.lua` (assembled from
+//! `redis/decide/`) per request (per
 //! slot group on Redis Cluster). The only module (with `redis/`) that sees
 //! fred.
 //!
@@ -31,6 +32,7 @@
 //! breaker is closed).
 
 mod cluster;
+#[cfg(feature = "bench")]
 mod info;
 mod node;
 mod tls;
@@ -48,6 +50,7 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use self::cluster::Cluster;
+#[cfg(feature = "bench")]
 pub use self::info::server_info;
 use self::node::{Node, Redirect, Sent};
 pub use self::tls::RedisTls;
@@ -57,7 +60,8 @@ use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
 use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
 
-const DECIDE: &str = include_str!("redis/decide.lua");
+/// Assembled by build.rs from `redis/decide/` (see its `prelude.lua`).
+const DECIDE: &str = include_str!(concat!(env!("OUT_DIR"), "/decide.lua"));
 const REFUND: &str = include_str!("redis/refund.lua");
 const RESET: &str = include_str!("redis/reset.lua");
 
@@ -258,6 +262,7 @@ impl RedisStore {
 
     /// A connected client of the one Redis (`None` on a Cluster, or while
     /// disconnected), for tools that need raw commands (the cost harness).
+    #[cfg(feature = "bench")]
     pub fn client(&self) -> Option<fred::clients::Client> {
         match &self.shared.route {
             Route::Single(node) => node.client().ok(),

@@ -155,12 +155,61 @@ fn the_dockerfile_runs_sluice_serve_as_a_non_root_user_on_its_ports() {
         "nothing is copied into the rules directory {}",
         rules.display()
     );
+    let build = file
+        .run
+        .iter()
+        .find(|r| r.contains("cargo build"))
+        .expect("the build stage runs cargo build");
+    for flag in ["--locked", "--bin sluice", "--no-default-features"] {
+        assert!(build.contains(flag), "cargo build without {flag}: {build}");
+    }
+    let profile = build
+        .split("--profile ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("cargo build names its profile");
     assert!(
-        file.run
-            .iter()
-            .any(|r| r.contains("cargo build --release --locked --bin sluice")),
-        "the build stage builds the sluice binary from Cargo.lock"
+        build.contains(&format!("target/{profile}/sluice")),
+        "the binary is copied from target/{profile}/: {build}"
     );
+    assert!(
+        !build.contains("--features") && !build.contains("--all-features"),
+        "the image builds the service alone (no `bench`): {build}"
+    );
+    let section = cargo_section(&format!("profile.{profile}"));
+    assert!(
+        section.contains("inherits = \"release\"") && section.contains("strip = true"),
+        "[profile.{profile}] must be a stripped release build:{section}"
+    );
+}
+
+/// `bench` is a feature on by default (tests and `sluice bench` need it),
+/// and the only thing the image leaves out.
+#[test]
+fn the_load_generator_is_a_default_feature_the_image_leaves_out() {
+    let features = cargo_section("features");
+    assert!(
+        features.contains("default = [\"bench\"]"),
+        "bench must stay a default feature:{features}"
+    );
+    for dep in ["hdrhistogram", "indicatif", "rand_distr"] {
+        assert!(
+            features.contains(&format!("\"dep:{dep}\"")),
+            "{dep} belongs to the bench feature"
+        );
+    }
+}
+
+/// The lines of Cargo.toml's `[name]` table, up to the next table.
+fn cargo_section(name: &str) -> String {
+    let cargo = read(&repo().join("Cargo.toml"));
+    let header = format!("[{name}]\n");
+    let start = cargo
+        .find(&header)
+        .unwrap_or_else(|| panic!("Cargo.toml has no [{name}]"))
+        + header.len();
+    let rest = &cargo[start..];
+    rest[..rest.find("\n[").unwrap_or(rest.len())].to_owned()
 }
 
 #[test]

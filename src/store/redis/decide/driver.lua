@@ -1,0 +1,162 @@
+--[[ The request: read every counter once, check every limit (pass 1),
+decide admission (the one place this script writes the rule), count or not
+and report (pass 2), write. Each algorithm answers through its function
+(see the operations and the records in prelude.lua).
+]]
+
+-- Plan the reads: one state per distinct counter (a counter named twice,
+-- by two limits with one window, is one state).
+for j = 1, nl do
+  local l = limits[j]
+  local arg, k = l[5], l[1][1]
+  local code = ARGV[arg + 2]
+  local alg = code == '0' and sliding_window or code == '1' and fixed_window
+    or code == '2' and token_bucket or sliding_log
+  local f = alg('prefix', ARGV[arg + 1], ARGV[arg + 3])
+  local st
+  for i = 1, j - 1 do
+    local other = limits[i][2]
+    if other[2] == k and other[7] == f then
+      st = other
+      break
+    end
+  end
+  if not st then
+    st = alg('new', k, l, f)
+    st[6] = j
+  end
+  l[2] = st
+end
+
+-- Read: one HMGET per key; then every state takes its values and is
+-- brought to now.
+for i = 1, #KEYS do
+  local k = items[i][1]
+  if k[7] == i and k[2] > 1 then
+    local v = call('HMGET', k[1], unpack(k, 8, 7 + k[2]))
+    k[6] = v[1] -- parsed only if some counter needs the HASH to live longer
+    for j = 1, nl do
+      local st = limits[j][2]
+      if st[6] == j and st[2] == k then
+        st[4] = st[1]('load', st, nil, v)
+      end
+    end
+  end
+end
+
+-- Pass 1: check every limit as if every earlier limit of the request had
+-- been counted (a request may name one counter twice). What each limit
+-- reports goes straight into the reply: per limit, from r + 1, used,
+-- pending, over, reset_before, reset_after, full_before, full_after, slot.
+local reply = nl == 1 and { 0, now, 0, 0, 0, 0, 0, 0, 0, 0 } or { 0, now }
+for j = #reply + 1, 2 + 8 * nl do
+  reply[j] = 0 -- in order, so that the reply stays one array
+end
+for j = 1, nl do
+  local l, r = limits[j], j * 8 - 6
+  local st, item = l[2], l[1]
+  local used, over = st[4] or st[1]('used', st, l), false
+  reply[r + 1], reply[r + 2] = used, st[5]
+  if item[2] ~= '3' then -- a refund only gives back
+    local hits = st[5] + item[3]
+    if st[4] then
+      over = used + hits > l[3]
+    else
+      over = not st[1]('fits', st, l, hits)
+    end
+    st[5] = hits
+    item[4] = item[4] or over
+  end
+  reply[r + 3] = over and 1 or 0
+end
+
+-- Admission (Rust's limiter::admits): no enforcing item over, and not every
+-- quota item over. Refunds take no part. A Cluster part ("part") leaves the
+-- quota rule to its caller, who sees every part.
+local enforce_over, quota_seen, quota_all_over = false, false, true
+for i = 1, #KEYS do
+  local role, over = items[i][2], items[i][4]
+  if role == '0' or role == '4' then
+    enforce_over = enforce_over or over
+  elseif role == '2' or role == '6' then
+    quota_seen, quota_all_over = true, quota_all_over and over
+  end
+end
+local applied = not enforce_over and not (whole and quota_seen and quota_all_over)
+reply[1] = applied and 1 or 0
+
+-- Pass 2: count everything, or nothing, and report. Two phases, in request
+-- order within each: first what stands whatever the request decides (refunds
+-- and always-counted debits: role codes 3 and up), then the debits counted
+-- only with an admitted request. Every store counts in this order, so a
+-- counter shared by both kinds reports the same anywhere.
+for phase = 1, 2 do
+  for j = 1, nl do
+    local l = limits[j]
+    local st, item = l[2], l[1]
+    if (phase == 1) == (item[2] >= '3') then
+      local slot, hits, r = -1, item[3], j * 8 - 6
+      if item[2] == '3' then
+        reply[r + 1], reply[r + 2] = st[1]('give', st, l, hits), 0
+      elseif hits > 0 and (applied or item[2] >= '4') then
+        local until_ms
+        slot, until_ms = st[1]('add', st, l, hits)
+        if until_ms > st[2][5] then
+          st[2][5] = until_ms
+        end
+      end
+      reply[r + 5], reply[r + 7] = st[1]('report', st, l)
+      reply[r + 8] = slot
+    end
+  end
+  -- "Before" values matter only for a Cluster part that may be refunded (it
+  -- then stands as after the first phase): a whole request reports "after".
+  if phase == 1 and not whole then
+    for j = 1, nl do
+      local l, r = limits[j], j * 8 - 6
+      if l[1][2] >= '3' then
+        reply[r + 4], reply[r + 6] = reply[r + 5], reply[r + 7]
+      else
+        reply[r + 4], reply[r + 6] = l[2][1]('report', l[2], l)
+      end
+    end
+  end
+end
+if whole then
+  for j = 1, nl do
+    local r = j * 8 - 6
+    reply[r + 4], reply[r + 6] = reply[r + 5], reply[r + 7]
+  end
+end
+
+-- Write: what a state kept back (a sliding log), then at most one HDEL,
+-- one HSET and one PEXPIRE per key.
+for j = 1, nl do
+  local st = limits[j][2]
+  if st[6] == j and st[1] == sliding_log and st[14] then
+    sliding_log('save', st)
+  end
+end
+for i = 1, #KEYS do
+  local k = items[i][1]
+  if k[7] == i then -- once per key
+    if k[4] then
+      call('HDEL', k[1], unpack(k[4]))
+    end
+    local extend = k[5] > 0 and k[5] > (tonumber(k[6]) or 0)
+    if extend then
+      write(k, 'x', fmt('%d', k[5]))
+    end
+    -- HSET first: PEXPIRE on a key that does not exist yet does nothing.
+    -- One second of slack covers clock differences between replicas in
+    -- "local" time mode.
+    if k[3] > 0 then
+      call('HSET', k[1], unpack(k, 8 + k[2], 7 + k[2] + k[3]))
+    end
+    if extend then
+      call('PEXPIRE', k[1], fmt('%d', k[5] - now + 1000))
+    end
+  end
+end
+
+return reply
