@@ -637,14 +637,16 @@ impl Shared {
         let slot = slot_of(&call.keys);
         let started = self.clock.now();
         let abandoned = Arc::new(AtomicBool::new(false));
-        let sent = self.clone().send(
+        // Boxed: the call's future (routing, breaker, fred's command) is
+        // kilobytes, and this task's own future is moved into the runtime
+        // on every spawn; a small one costs a copy less per decision.
+        let mut sent = Box::pin(self.clone().send(
             call.target,
             self.decide.clone(),
             call.keys,
             call.args,
             Guard::Abandonable(abandoned.clone()),
-        );
-        tokio::pin!(sent);
+        ));
         let reply = match tokio::time::timeout(call.timeout, &mut sent).await {
             Ok(reply) => {
                 let _ = answer.send(reply);
