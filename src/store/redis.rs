@@ -405,13 +405,10 @@ impl Route {
 impl Shared {
     /// Where counters of `windows` live: the per-second Redis when there is
     /// one and every window is one second long, the main one otherwise.
-    fn target<'a>(&self, mut windows: impl Iterator<Item = &'a Window>) -> Target {
-        let mut any = false;
-        let all_seconds = windows.all(|w| {
-            any = true;
-            w.duration_ms == 1_000
-        });
-        if self.per_second.is_some() && any && all_seconds {
+    fn target<'a>(&self, windows: impl Iterator<Item = &'a Window>) -> Target {
+        let mut windows = windows.peekable();
+        let all_seconds = windows.peek().is_some() && windows.all(|w| w.duration_ms == 1_000);
+        if self.per_second.is_some() && all_seconds {
             Target::PerSecond
         } else {
             Target::Main
@@ -746,13 +743,16 @@ impl CounterStore for RedisStore {
         } else {
             Value::from("")
         };
+        // Which Redis each item's counters live in.
+        let targets: Vec<Target> = batch
+            .items
+            .iter()
+            .map(|item| self.shared.target(item.limits.iter().map(|l| &l.window)))
+            .collect();
         // Group items by Redis and cluster slot; one group when every
         // counter lives in one Redis that is not a cluster.
         let mut groups: Vec<((Target, u16), Vec<usize>)> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let target = self
-                .shared
-                .target(batch.items[i].limits.iter().map(|l| &l.window));
+        for (i, (key, &target)) in keys.iter().zip(&targets).enumerate() {
             let slot = if matches!(self.shared.route(target), Route::Cluster(_)) {
                 fred::util::redis_keyslot(key.as_bytes())
             } else {
@@ -828,9 +828,7 @@ impl CounterStore for RedisStore {
                     }
                     Some((answers, true)) => Some((
                         Owed {
-                            target: self
-                                .shared
-                                .target(batch.items[i].limits.iter().map(|l| &l.window)),
+                            target: targets[i],
                             key: keys[i].clone(),
                             limits: batch.items[i].limits.clone(),
                             hits: batch.items[i].hits,
