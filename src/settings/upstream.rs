@@ -651,11 +651,8 @@ pub fn layer(env: &Map<String, String>) -> Result<Layer, UpstreamError> {
             _ => return Err(r.err("TRACING_EXPORTER_PROTOCOL", "expected http or grpc")),
         };
         set("otlp_protocol", if grpc { "grpc" } else { "http" }.into());
-        if let Some(rate) = r.raw("TRACING_SAMPLING_RATE") {
-            let rate: f64 = rate
-                .trim()
-                .parse()
-                .map_err(|_| r.err("TRACING_SAMPLING_RATE", "expected a number from 0 to 1"))?;
+        // Its range (0 to 1) is checked with the setting's.
+        if let Some(rate) = r.f64("TRACING_SAMPLING_RATE")? {
             set("trace_sampling_ratio", rate.to_string());
         }
         let default = if grpc {
