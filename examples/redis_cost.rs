@@ -24,8 +24,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fred::interfaces::ClientLike;
-use fred::types::{ClusterHash, CustomCommand, Value};
 use sluice::bench::{RedisSnapshot, redis_snapshot};
 use sluice::limiter::{Algorithm, IdentityBuilder, LimitSpec, Role, SystemClock, Window};
 use sluice::store::{
@@ -78,15 +76,11 @@ struct Scenario {
     kind: Kind,
 }
 
-async fn command(store: &RedisStore, args: &[String]) -> Value {
-    let values: Vec<Value> = args[1..].iter().map(|a| Value::from(a.as_str())).collect();
-    store
-        .client()
-        .expect("a connected single Redis")
-        .custom(
-            CustomCommand::new(args[0].clone(), ClusterHash::FirstKey, false),
-            values,
-        )
+async fn command(store: &RedisStore, args: &[String]) -> redis::Value {
+    let mut conn = store.connection().expect("a connected single Redis");
+    redis::cmd(&args[0])
+        .arg(&args[1..])
+        .query_async(&mut conn)
         .await
         .expect("redis command")
 }
@@ -128,54 +122,46 @@ async fn decide(store: &RedisStore, s: usize, scenario: &Scenario, n: usize) {
         }
         Kind::FixedBaseline => {
             let key = baseline_key(s, who);
-            let pipeline = store.client().expect("a connected single Redis").pipeline();
-            let incr = CustomCommand::new_static("INCRBY", ClusterHash::FirstKey, false);
-            let expire = CustomCommand::new_static("EXPIRE", ClusterHash::FirstKey, false);
-            let _: () = pipeline
-                .custom(incr, vec![Value::from(key.as_str()), Value::from(1)])
+            let mut conn = store.connection().expect("a connected single Redis");
+            let _: () = redis::pipe()
+                .cmd("INCRBY")
+                .arg(&key)
+                .arg(1)
+                .ignore()
+                .cmd("EXPIRE")
+                .arg(&key)
+                .arg(60)
+                .ignore()
+                .query_async(&mut conn)
                 .await
-                .expect("queued");
-            let _: () = pipeline
-                .custom(expire, vec![Value::from(key.as_str()), Value::from(60)])
-                .await
-                .expect("queued");
-            let _: Vec<Value> = pipeline.all().await.expect("pipeline");
+                .expect("pipeline");
         }
         Kind::LogBaseline => {
             let key = baseline_key(s, who);
             // This identity's n-th hit happens at tick n / IDENTITIES.
             let tick = (n / IDENTITIES) as i64;
-            let pipeline = store.client().expect("a connected single Redis").pipeline();
-            let cmd =
-                |name: &'static str| CustomCommand::new_static(name, ClusterHash::FirstKey, false);
-            let k = || Value::from(key.as_str());
-            let _: () = pipeline
-                .custom(
-                    cmd("ZREMRANGEBYSCORE"),
-                    vec![
-                        k(),
-                        Value::from("-inf"),
-                        Value::from(tick - LOG_HITS as i64),
-                    ],
-                )
+            let mut conn = store.connection().expect("a connected single Redis");
+            let _: () = redis::pipe()
+                .cmd("ZREMRANGEBYSCORE")
+                .arg(&key)
+                .arg("-inf")
+                .arg(tick - LOG_HITS as i64)
+                .ignore()
+                .cmd("ZCARD")
+                .arg(&key)
+                .ignore()
+                .cmd("ZADD")
+                .arg(&key)
+                .arg(tick)
+                .arg(format!("{tick}-{n}"))
+                .ignore()
+                .cmd("EXPIRE")
+                .arg(&key)
+                .arg(60)
+                .ignore()
+                .query_async(&mut conn)
                 .await
-                .expect("queued");
-            let _: () = pipeline
-                .custom(cmd("ZCARD"), vec![k()])
-                .await
-                .expect("queued");
-            let _: () = pipeline
-                .custom(
-                    cmd("ZADD"),
-                    vec![k(), Value::from(tick), Value::from(format!("{tick}-{n}"))],
-                )
-                .await
-                .expect("queued");
-            let _: () = pipeline
-                .custom(cmd("EXPIRE"), vec![k(), Value::from(60)])
-                .await
-                .expect("queued");
-            let _: Vec<Value> = pipeline.all().await.expect("pipeline");
+                .expect("pipeline");
         }
     }
 }
@@ -337,7 +323,7 @@ async fn main() {
             _ => baseline_key(s, 7),
         };
         let bytes = match command(&store, &args(&["MEMORY", "USAGE", &key])).await {
-            Value::Integer(n) => n,
+            redis::Value::Int(n) => n,
             _ => 0,
         };
         println!(

@@ -36,7 +36,7 @@
 //!   [`telemetry`] (Sluice's metrics, and upstream's stat names with their
 //!   statsd and Prometheus sinks) and [`headers`] serve the binary.
 //!
-//! `rules` and `limiter` import no tokio, tonic or fred.
+//! `rules` and `limiter` import no tokio, tonic or Redis client.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

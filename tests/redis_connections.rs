@@ -3,13 +3,14 @@
 //! (`tls-auth-clients yes`) and a certificate whose name is not the host's
 //! (each refused when it should be); a unix socket; and a second Redis for
 //! per-second limits (envoyproxy/ratelimit's `REDIS_PERSECOND`), exact
-//! across the two.
+//! across the two; and a Sentinel-managed primary, followed through a
+//! failover with its counters intact.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use sluice::limiter::{Algorithm, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
@@ -263,6 +264,118 @@ async fn a_unix_socket_reaches_the_same_counters() {
         holds(redis.port(), &key),
         "the counter is in the Redis behind the socket"
     );
+}
+
+// --------------------------------------------------------------- Sentinel
+
+/// Polls `check` until it holds; panics after `limit` naming `what`.
+fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The port of the primary `sentinel` names for `mymaster`.
+fn named_primary(sentinel: &RedisServer) -> String {
+    let reply = sentinel.query(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
+    reply
+        .items()
+        .get(1)
+        .map(Reply::to_string)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_primary_is_followed_through_a_failover_with_its_counters() {
+    let primary = RedisServer::start();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    let sentinel = RedisServer::start_sentinel(primary.port());
+    wait_for(
+        "the sentinel to find the replica",
+        Duration::from_secs(30),
+        || {
+            sentinel
+                .query(&["SENTINEL", "REPLICAS", "mymaster"])
+                .items()
+                .len()
+                == 1
+        },
+    );
+    let url = format!("redis-sentinel://127.0.0.1:{}/mymaster", sentinel.port());
+    let store = connect(&config(&url, RedisTls::default(), None))
+        .await
+        .expect("connect through the sentinel");
+    let limited = item("sentinel", per_minute(5));
+    for _ in 0..3 {
+        assert!(admitted(&store, std::slice::from_ref(&limited)).await);
+    }
+    // The counts are on the primary, and copied to the replica before it
+    // takes over.
+    assert_eq!(primary.query(&["WAIT", "1", "5000"]), Reply::Integer(1));
+
+    let failover = sentinel.query(&["SENTINEL", "FAILOVER", "mymaster"]);
+    assert!(!failover.is_error(), "{failover}");
+    let replica_port = replica.port().to_string();
+    wait_for(
+        "the sentinel to name the replica",
+        Duration::from_secs(30),
+        || named_primary(&sentinel) == replica_port,
+    );
+    // Calls on the old primary's connections fail (Sentinel closes them)
+    // until the store has reconnected to the new one; none counts twice.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut answers = Vec::new();
+    while answers.len() < 4 {
+        match store
+            .apply(&Batch {
+                items: vec![limited.clone()],
+            })
+            .await
+        {
+            Ok(outcome) => answers.push(outcome.admitted),
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no answer after the failover: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert_eq!(answers, [true, true, false, false], "5 in all, 3 before");
+    assert_eq!(used(&store, &limited).await, 5);
+    assert_eq!(
+        replica
+            .query(&["ROLE"])
+            .items()
+            .first()
+            .map(Reply::to_string),
+        Some("master".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_sentinel_that_knows_no_such_service_fails_calls_unavailable() {
+    let primary = RedisServer::start();
+    let sentinel = RedisServer::start_sentinel(primary.port());
+    let url = format!(
+        "redis-sentinel://127.0.0.1:{}/nosuchservice",
+        sentinel.port()
+    );
+    let store = connect(&config(&url, RedisTls::default(), None))
+        .await
+        .expect("the store starts; calls fail until the service exists");
+    let error = store
+        .apply(&Batch {
+            items: vec![item("x", per_minute(5))],
+        })
+        .await
+        .expect_err("no primary to ask");
+    assert!(matches!(error, StoreError::Unavailable(_)), "{error}");
+    assert!(!store.is_ready());
 }
 
 // ------------------------------------------------------ per-second Redis

@@ -2,7 +2,7 @@
 //! over explicit time, the clock abstraction and the counter keys.
 //!
 //! Nothing here does IO or reads a clock by itself, and nothing here imports
-//! tokio, tonic or fred: the stores call into this module with `now` in hand.
+//! tokio, tonic or Redis client: the stores call into this module with `now` in hand.
 
 pub mod algorithm;
 pub mod clock;

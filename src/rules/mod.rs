@@ -5,7 +5,7 @@
 //! `key=value` rule, then the wildcard rules of that key in file order, then
 //! the key-only rule; a limit applies only at the depth equal to the number of
 //! entries; a value rule without a limit whitelists. This module does no IO
-//! beyond reading rules files and imports no tokio, tonic or fred.
+//! beyond reading rules files and imports no tokio, tonic or Redis client.
 
 mod compile;
 mod duration;

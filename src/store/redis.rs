@@ -1,7 +1,8 @@
 //! The Redis store: one `EVALSHA` of `decide.lua` (assembled from
 //! `redis/decide/`) per request (per
 //! slot group on Redis Cluster). The only module (with `redis/`) that sees
-//! fred.
+//! the Redis client (redis-rs; `redis/dial.rs` says how connections are
+//! made, and BENCHMARKS.md why this client).
 //!
 //! Single Redis (or every key of the request in one slot): the script checks
 //! and counts the whole request atomically. Redis Cluster with keys in
@@ -16,7 +17,7 @@
 //! **Never twice.** A script call is sent once and never resent: it may have
 //! counted. Only answers Redis gives *before* running anything (Cluster
 //! redirects, `NOSCRIPT`) send it again; see `redis/cluster.rs` for why
-//! Cluster routing is done here and not by fred.
+//! Cluster routing is done here and not by the client library.
 //!
 //! **Timeouts.** `timeout` bounds the caller's wait. A call that times out
 //! may still run (it is in a socket or a Redis queue), so its future is not
@@ -32,6 +33,7 @@
 //! breaker is closed).
 
 mod cluster;
+mod dial;
 #[cfg(feature = "bench")]
 mod info;
 mod node;
@@ -43,19 +45,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use fred::prelude::ServerConfig;
-use fred::types::Value;
-use fred::types::scripts::Script;
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use self::cluster::Cluster;
+use self::dial::{Dialer, Place};
 #[cfg(feature = "bench")]
 pub use self::info::server_info;
-use self::node::{Node, Redirect, Sent};
+use self::node::{Eval, Node, Redirect, Script, Sent};
 pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
-use self::url::parse_url;
+use self::url::{Servers, parse_url};
 use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
 use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
@@ -94,8 +94,8 @@ pub struct RedisStoreConfig {
     /// `redis-cluster://host:port[,host:port…]` (`rediss-cluster://` for TLS),
     /// `redis-sentinel://host:port[,host:port…]/service`, `redis+unix:///path`.
     pub url: RedisUrl,
-    /// Connections (fred clients) per Redis node, used round-robin; each
-    /// pipelines.
+    /// Connections per Redis node, used round-robin; each carries many
+    /// calls at once.
     pub pool_size: usize,
     /// Longest wait for one decision; past it the request fails UNAVAILABLE
     /// (and what the call counted after all is refunded).
@@ -149,7 +149,8 @@ enum Target {
 
 /// Where calls go.
 enum Route {
-    /// One server, or the primary a Sentinel names (fred follows it).
+    /// One server, or the primary a Sentinel names (followed on every
+    /// reconnect).
     Single(Arc<Node>),
     /// Redis Cluster, routed by slot here.
     Cluster(Arc<Cluster>),
@@ -163,7 +164,7 @@ pub struct LuaScript(Script);
 impl LuaScript {
     /// The script with this source.
     pub fn new(lua: &'static str) -> Self {
-        Self(Script::from_lua(lua))
+        Self(Script::new(lua))
     }
 }
 
@@ -189,16 +190,11 @@ impl ScriptRunner {
         key: String,
         args: Vec<String>,
     ) -> Result<Vec<i64>, StoreError> {
-        let args = args.into_iter().map(Value::from).collect();
+        let mut eval = Eval::new(&script.0, &[key]);
+        eval.cmd.arg(args);
         self.shared
             .clone()
-            .send(
-                Target::Main,
-                script.0.clone(),
-                vec![key],
-                args,
-                Guard::Breaker,
-            )
+            .send(Target::Main, eval, Guard::Breaker)
             .await
     }
 }
@@ -221,8 +217,8 @@ impl RedisStore {
         let shared = Arc::new(Shared {
             route,
             per_second,
-            decide: Script::from_lua(DECIDE),
-            refund: Script::from_lua(REFUND),
+            decide: Script::new(DECIDE),
+            refund: Script::new(REFUND),
             breaker: config.breaker,
             clock,
         });
@@ -240,13 +236,7 @@ impl RedisStore {
             }
             // Saves the first call a NOSCRIPT round trip; not required.
             for script in [&shared.decide, &shared.refund] {
-                let lua = script.lua().expect("scripts are built from their source");
-                let loaded: Result<Value, _> = node
-                    .command(
-                        "SCRIPT",
-                        vec![Value::from("LOAD"), Value::from(lua.clone())],
-                    )
-                    .await;
+                let loaded: Result<redis::Value, _> = node.command(&script.load()).await;
                 if let Err(e) = loaded {
                     tracing::warn!(error = %e, node = %node.name(), "could not load the Redis scripts yet");
                 }
@@ -260,24 +250,25 @@ impl RedisStore {
         })
     }
 
-    /// A connected client of the one Redis (`None` on a Cluster, or while
+    /// A connection of the one Redis (`None` on a Cluster, or while
     /// disconnected), for tools that need raw commands (the cost harness).
     #[cfg(feature = "bench")]
-    pub fn client(&self) -> Option<fred::clients::Client> {
+    pub fn connection(&self) -> Option<redis::aio::MultiplexedConnection> {
         match &self.shared.route {
-            Route::Single(node) => node.client().ok(),
+            Route::Single(node) => node.connection().ok(),
             Route::Cluster(_) => None,
         }
     }
 
-    /// Closes every connection, waiting at most two seconds per node: a
-    /// connection stuck in reconnect back-off (Redis down, or refusing our
-    /// password) must not hold the process at shutdown.
+    /// Closes every connection and stops reconnecting; calls still in
+    /// flight fail. Never waits: a connection stuck in reconnect back-off
+    /// (Redis down, or refusing our password) must not hold the process at
+    /// shutdown.
     pub async fn quit(&self) {
         for route in std::iter::once(&self.shared.route).chain(&self.shared.per_second) {
             match route {
-                Route::Single(node) => node.quit().await,
-                Route::Cluster(cluster) => cluster.quit().await,
+                Route::Single(node) => node.quit(),
+                Route::Cluster(cluster) => cluster.quit(),
             }
         }
     }
@@ -292,9 +283,16 @@ impl RedisStore {
         items: &[usize],
         keys: &[String],
         whole: bool,
-        now: &Value,
+        now: Option<i64>,
     ) -> Result<Vec<i64>, StoreError> {
-        let mut args = vec![now.clone(), Value::from(if whole { "all" } else { "part" })];
+        let part_keys: Vec<&str> = items.iter().map(|&i| keys[i].as_str()).collect();
+        let mut eval = Eval::new(&self.shared.decide, &part_keys);
+        let args = &mut eval.cmd;
+        match now {
+            Some(now) => args.arg(now),
+            None => args.arg(""),
+        };
+        args.arg(if whole { "all" } else { "part" });
         for &i in items {
             let item = &batch.items[i];
             let role = match item.role {
@@ -307,46 +305,51 @@ impl RedisStore {
             } else {
                 0
             };
-            args.extend([
-                Value::from(role),
-                hits(item.hits),
-                Value::from(item.limits.len() as i64),
-            ]);
+            args.arg(role).arg(hits(item.hits)).arg(item.limits.len());
             for limit in &item.limits {
-                args.extend(limit_args(limit));
+                args.arg(&limit_args(limit)[..]);
             }
         }
-        let part_keys: Vec<String> = items.iter().map(|&i| keys[i].clone()).collect();
         let expected = 2 + ANSWER_LEN
             * items
                 .iter()
                 .map(|&i| batch.items[i].limits.len())
                 .sum::<usize>();
-        let owed = items
-            .iter()
-            .map(|&i| Owed {
-                target,
-                key: keys[i].clone(),
-                limits: batch.items[i].limits.clone(),
-                hits: batch.items[i].hits,
-            })
-            .collect();
-        // The call, its deadline and its reconciliation run in a task of
-        // their own, so that a caller that goes away (its gRPC request
-        // cancelled) leaves nothing half done.
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        let call = Call {
+        let (slot, started) = (eval.slot, self.shared.clock.now());
+        let abandoned = Arc::new(AtomicBool::new(false));
+        // Run in the caller's task; boxed, so that it can move to a task of
+        // its own past the timeout. (A caller that goes away, its gRPC
+        // request cancelled, drops the call: sent or not, the script counts
+        // or not as one, and nobody was told anything.)
+        let mut sent = Box::pin(self.shared.clone().send(
             target,
-            keys: part_keys,
-            args,
-            timeout: self.timeout,
-            owed,
-            expected,
+            eval,
+            Guard::Abandonable(abandoned.clone()),
+        ));
+        let reply = match tokio::time::timeout(self.timeout, &mut sent).await {
+            Ok(reply) => reply?,
+            Err(_) => {
+                // The script may still run: a task waits for its reply and
+                // refunds what it counted (see the module docs).
+                abandoned.store(true, Ordering::Relaxed);
+                self.shared.timed_out(target, slot, started);
+                let owed = items
+                    .iter()
+                    .map(|&i| Owed {
+                        target,
+                        key: keys[i].clone(),
+                        limits: batch.items[i].limits.clone(),
+                        hits: batch.items[i].hits,
+                    })
+                    .collect();
+                let shared = self.shared.clone();
+                tokio::spawn(async move {
+                    let late = tokio::time::timeout(RECONCILE_WAIT, sent).await;
+                    shared.reconcile(late, owed, expected).await;
+                });
+                return Err(StoreError::Timeout(self.timeout));
+            }
         };
-        tokio::spawn(self.shared.clone().decide(call, answer));
-        let reply = answered.await.map_err(|_| {
-            StoreError::Unavailable("the Redis call ended without an answer".into())
-        })??;
         if reply.len() != expected {
             return Err(StoreError::Unavailable(format!(
                 "unexpected script reply of {} values",
@@ -365,30 +368,37 @@ impl Route {
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
         let invalid = |e: String| StoreError::Unavailable(format!("invalid Redis URL {url}: {e}"));
-        let mut fred_config = parse_url(url).map_err(invalid)?;
-        if !config.tls.is_default() {
-            if fred_config.tls.is_none() {
-                return Err(invalid(
-                    "TLS files are set but the URL is not rediss:// (REDIS_TLS=true)".into(),
-                ));
-            }
-            fred_config.tls = Some(
+        let endpoint = parse_url(url).map_err(invalid)?;
+        if !config.tls.is_default() && !endpoint.tls {
+            return Err(invalid(
+                "TLS files are set but the URL is not rediss:// (REDIS_TLS=true)".into(),
+            ));
+        }
+        let tls = match endpoint.tls {
+            true => Some(
                 config
                     .tls
-                    .connector()
-                    .map_err(StoreError::Unavailable)?
-                    .into(),
-            );
-        }
+                    .client_config()
+                    .map_err(StoreError::Unavailable)?,
+            ),
+            false => None,
+        };
+        let dialer = Arc::new(Dialer::new(&endpoint, tls, connect_timeout));
         let size = config.pool_size.max(1);
-        Ok(match &fred_config.server {
-            ServerConfig::Clustered { hosts, .. } => {
-                let seeds = hosts.clone();
-                Route::Cluster(Cluster::connect(fred_config, seeds, size, connect_timeout).await)
+        let name = || url.to_string().into();
+        Ok(match endpoint.servers {
+            Servers::Cluster(seeds) => {
+                Route::Cluster(Cluster::connect(dialer, seeds, size, connect_timeout).await)
             }
-            _ => {
-                let node = Node::new(url.to_string().into(), fred_config, size, connect_timeout)?;
-                Route::Single(Arc::new(node))
+            Servers::Single(address) => Route::Single(Arc::new(Node::new(
+                name(),
+                dialer,
+                Place::At(address),
+                size,
+            ))),
+            Servers::Sentinel { sentinels, service } => {
+                let place = Place::Primary { sentinels, service };
+                Route::Single(Arc::new(Node::new(name(), dialer, place, size)))
             }
         })
     }
@@ -423,12 +433,6 @@ impl Shared {
     }
 }
 
-/// The slot of a call's keys (all in one slot), 0 for none.
-fn slot_of(keys: &[String]) -> u16 {
-    keys.first()
-        .map_or(0, |k| fred::util::redis_keyslot(k.as_bytes()))
-}
-
 impl Shared {
     /// Runs a script once on the node owning `keys`, following Cluster
     /// redirects (answers given before anything ran), never resending after
@@ -436,16 +440,14 @@ impl Shared {
     async fn send(
         self: Arc<Self>,
         target: Target,
-        script: Script,
-        keys: Vec<String>,
-        args: Vec<Value>,
+        eval: Eval,
         guard: Guard,
     ) -> Result<Vec<i64>, StoreError> {
-        let script = &script;
+        let eval = &eval;
         let guard = &guard;
         let cluster = match self.route(target) {
             Route::Single(node) => {
-                return match self.run_on(node, script, &keys, &args, false, guard).await {
+                return match self.run_on(node, eval, false, guard).await {
                     Sent::Reply(reply) => Ok(reply),
                     Sent::Failed(e) => Err(e),
                     Sent::Redirect(r) => Err(StoreError::Unavailable(format!(
@@ -455,7 +457,7 @@ impl Shared {
             }
             Route::Cluster(cluster) => cluster,
         };
-        let slot = slot_of(&keys);
+        let slot = eval.slot;
         let mut next: Option<(Arc<Node>, bool)> = None;
         for _ in 0..=MAX_REDIRECTS {
             let (node, asking) = match next.take() {
@@ -466,10 +468,7 @@ impl Shared {
                 // Nothing sent yet: waiting for a new node is safe.
                 node.wait_connected(NEW_NODE_GRACE).await;
             }
-            match self
-                .run_on(&node, script, &keys, &args, asking, guard)
-                .await
-            {
+            match self.run_on(&node, eval, asking, guard).await {
                 Sent::Reply(reply) => return Ok(reply),
                 Sent::Failed(e) => {
                     cluster.refresh_soon();
@@ -496,15 +495,7 @@ impl Shared {
     }
 
     /// One attempt on `node`, through its breaker as `guard` says.
-    async fn run_on(
-        &self,
-        node: &Node,
-        script: &Script,
-        keys: &[String],
-        args: &[Value],
-        asking: bool,
-        guard: &Guard,
-    ) -> Sent {
+    async fn run_on(&self, node: &Node, eval: &Eval, asking: bool, guard: &Guard) -> Sent {
         let started = self.clock.now();
         if self.breaker.is_some()
             && !matches!(guard, Guard::Bypass)
@@ -512,7 +503,7 @@ impl Shared {
         {
             return Sent::Failed(e);
         }
-        let sent = node.run(script, keys, args, asking).await;
+        let sent = node.run(eval, asking).await;
         let counts = match guard {
             Guard::Breaker => true,
             Guard::Abandonable(abandoned) => !abandoned.load(Ordering::Relaxed),
@@ -552,9 +543,9 @@ impl Shared {
         // Where each refund call goes (a Redis and a slot): its keys and
         // arguments.
         type Place = (Target, u16);
-        let mut by_slot: Vec<(Place, Vec<String>, Vec<Value>)> = Vec::new();
+        let mut by_slot: Vec<(Place, Vec<String>, Vec<i64>)> = Vec::new();
         for (owed, answers) in parts {
-            let place = (owed.target, fred::util::redis_keyslot(owed.key.as_bytes()));
+            let place = (owed.target, cluster::slot(owed.key.as_bytes()));
             let group = match by_slot.iter().position(|(p, _, _)| *p == place) {
                 Some(g) => g,
                 None => {
@@ -564,18 +555,16 @@ impl Shared {
             };
             let (_, group_keys, args) = &mut by_slot[group];
             group_keys.push(owed.key);
-            args.push(Value::from(answers.len() as i64));
+            args.push(answers.len() as i64);
             for (limit, answer) in owed.limits.iter().zip(&answers) {
                 args.extend(limit_args(limit));
-                args.extend([Value::from(answer.slot), hits(owed.hits)]);
+                args.extend([answer.slot, hits(owed.hits)]);
             }
         }
         let calls = by_slot.into_iter().map(|((target, _), keys, args)| {
-            tokio::time::timeout(
-                timeout,
-                self.clone()
-                    .send(target, self.refund.clone(), keys, args, Guard::Bypass),
-            )
+            let mut eval = Eval::new(&self.refund, &keys);
+            eval.cmd.arg(args);
+            tokio::time::timeout(timeout, self.clone().send(target, eval, Guard::Bypass))
         });
         for result in join_all(calls).await {
             let error = match result {
@@ -609,73 +598,33 @@ enum Guard {
     Bypass,
 }
 
-/// One decide.lua call of a request: what to send, how long its caller
-/// waits, and what to take back should it count after that.
-struct Call {
-    target: Target,
-    keys: Vec<String>,
-    args: Vec<Value>,
-    timeout: Duration,
-    owed: Vec<Owed>,
-    /// The length of a well-formed reply.
-    expected: usize,
-}
-
 impl Shared {
-    /// Runs `call` and hands its reply to `answer`; past its timeout, hands
-    /// over `Timeout` instead and goes on waiting for the real reply (at
-    /// most [`RECONCILE_WAIT`]): if the script counted, those hits are
-    /// refunded, so that the counters hold what callers were told.
-    async fn decide(
+    /// Refunds what a call counted after its caller was told `Timeout`.
+    async fn reconcile(
         self: Arc<Self>,
-        call: Call,
-        answer: tokio::sync::oneshot::Sender<Result<Vec<i64>, StoreError>>,
+        late: Result<Result<Vec<i64>, StoreError>, tokio::time::error::Elapsed>,
+        owed: Vec<Owed>,
+        expected: usize,
     ) {
-        let slot = slot_of(&call.keys);
-        let started = self.clock.now();
-        let abandoned = Arc::new(AtomicBool::new(false));
-        // Boxed: the call's future (routing, breaker, fred's command) is
-        // kilobytes, and this task's own future is moved into the runtime
-        // on every spawn; a small one costs a copy less per decision.
-        let mut sent = Box::pin(self.clone().send(
-            call.target,
-            self.decide.clone(),
-            call.keys,
-            call.args,
-            Guard::Abandonable(abandoned.clone()),
-        ));
-        let reply = match tokio::time::timeout(call.timeout, &mut sent).await {
-            Ok(reply) => {
-                let _ = answer.send(reply);
+        let reply = match late {
+            Ok(Ok(reply)) => reply,
+            // Not run (refused, not sent), or the connection went down after
+            // sending: nothing to take back that we can know of.
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "a Redis call that timed out then failed");
                 return;
             }
             Err(_) => {
-                abandoned.store(true, Ordering::Relaxed);
-                self.timed_out(call.target, slot, started);
-                let _ = answer.send(Err(StoreError::Timeout(call.timeout)));
-                match tokio::time::timeout(RECONCILE_WAIT, sent).await {
-                    Ok(Ok(reply)) => reply,
-                    // Not run (refused, not sent), or the connection went
-                    // down after sending: nothing to take back that we can
-                    // know of.
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "a Redis call that timed out then failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
-                        return;
-                    }
-                }
+                tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
+                return;
             }
         };
-        if reply.len() != call.expected || reply[0] != 1 {
+        if reply.len() != expected || reply[0] != 1 {
             // Not counted (rejected), or not a reply we can read.
             return;
         }
         let mut values = answers(&reply);
-        let parts: Vec<(Owed, Vec<Answer>)> = call
-            .owed
+        let parts: Vec<(Owed, Vec<Answer>)> = owed
             .into_iter()
             .map(|o| {
                 let answers = values.by_ref().take(o.limits.len()).collect();
@@ -719,15 +668,10 @@ impl CounterStore for RedisStore {
     /// it (the windows share that HASH).
     async fn reset(&self, identity: &Identity, windows: &[Window]) -> Result<(), StoreError> {
         let key = identity.storage_key(&self.prefix);
+        let eval = Eval::new(&Script::new(RESET), &[key]);
         self.shared
             .clone()
-            .send(
-                self.shared.target(windows.iter()),
-                Script::from_lua(RESET),
-                vec![key],
-                Vec::new(),
-                Guard::Breaker,
-            )
+            .send(self.shared.target(windows.iter()), eval, Guard::Breaker)
             .await
             .map(drop)
     }
@@ -738,11 +682,10 @@ impl CounterStore for RedisStore {
             .iter()
             .map(|i| i.identity.storage_key(&self.prefix))
             .collect();
-        let now = if self.local_time {
-            Value::from(i64::try_from(self.shared.clock.now()).unwrap_or(i64::MAX))
-        } else {
-            Value::from("")
-        };
+        // `None`: Redis's clock.
+        let now = self
+            .local_time
+            .then(|| i64::try_from(self.shared.clock.now()).unwrap_or(i64::MAX));
         // Which Redis each item's counters live in.
         let targets: Vec<Target> = batch
             .items
@@ -754,7 +697,7 @@ impl CounterStore for RedisStore {
         let mut groups: Vec<((Target, u16), Vec<usize>)> = Vec::new();
         for (i, (key, &target)) in keys.iter().zip(&targets).enumerate() {
             let slot = if matches!(self.shared.route(target), Route::Cluster(_)) {
-                fred::util::redis_keyslot(key.as_bytes())
+                cluster::slot(key.as_bytes())
             } else {
                 0
             };
@@ -767,7 +710,7 @@ impl CounterStore for RedisStore {
             let target = groups.first().map_or(Target::Main, |((t, _), _)| *t);
             let all: Vec<usize> = (0..batch.items.len()).collect();
             let reply = self
-                .decide_part(target, batch, &all, &keys, true, &now)
+                .decide_part(target, batch, &all, &keys, true, now)
                 .await?;
             let admitted = reply[0] == 1;
             let mut answers = answers(&reply);
@@ -782,7 +725,7 @@ impl CounterStore for RedisStore {
         }
 
         let replies = join_all(groups.iter().map(|((target, _), items)| {
-            self.decide_part(*target, batch, items, &keys, false, &now)
+            self.decide_part(*target, batch, items, &keys, false, now)
         }))
         .await;
         // Each item's limit outcomes and the slots its hits went to, and

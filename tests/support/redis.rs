@@ -431,6 +431,8 @@ pub struct RedisServer {
     args: Vec<String>,
     running: Option<Running>,
     dir: tempfile::TempDir,
+    /// Runs as a Sentinel (see [`RedisServer::start_sentinel`]).
+    sentinel: bool,
 }
 
 impl RedisServer {
@@ -443,10 +445,16 @@ impl RedisServer {
     /// `&["--user", "alice", "on", ">secret", "~*", "&*", "+@all", "--user", "default", "off"]`
     /// or `&["--requirepass", "secret"]`.
     pub fn start_with(args: &[&str]) -> RedisServer {
-        Self::start_inner(args, false)
+        Self::start_inner(args, false, None)
     }
 
-    fn start_inner(args: &[&str], cluster_bus: bool) -> RedisServer {
+    /// A Sentinel watching the primary on `primary_port` as service
+    /// `mymaster` (quorum 1; down after 1 s).
+    pub fn start_sentinel(primary_port: u16) -> RedisServer {
+        Self::start_inner(&[], false, Some(primary_port))
+    }
+
+    fn start_inner(args: &[&str], cluster_bus: bool, sentinel_of: Option<u16>) -> RedisServer {
         let binary = redis_server_binary();
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
@@ -456,13 +464,23 @@ impl RedisServer {
                 .tempdir()
                 .expect("create a temp dir for redis-server");
             let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-            match spawn(&binary, port, &args, dir.path()) {
+            if let Some(monitor) = sentinel_of {
+                let conf = format!(
+                    "sentinel monitor mymaster 127.0.0.1 {monitor} 1\n\
+                     sentinel down-after-milliseconds mymaster 1000\n\
+                     sentinel failover-timeout mymaster 5000\n"
+                );
+                std::fs::write(dir.path().join("sentinel.conf"), conf)
+                    .expect("write sentinel.conf");
+            }
+            match spawn(&binary, port, &args, dir.path(), sentinel_of.is_some()) {
                 Ok(running) => {
                     return RedisServer {
                         port,
                         args,
                         running: Some(running),
                         dir,
+                        sentinel: sentinel_of.is_some(),
                     };
                 }
                 Err(StartError::PortTaken) => last = format!("port {port} was taken"),
@@ -535,6 +553,7 @@ impl RedisServer {
                 self.port,
                 &self.args,
                 self.dir.path(),
+                self.sentinel,
             ) {
                 Ok(running) => {
                     self.running = Some(running);
@@ -602,15 +621,26 @@ impl fmt::Debug for RedisServer {
 }
 
 /// Starts `redis-server` under the wrapper and waits until it answers PING.
-fn spawn(binary: &Path, port: u16, args: &[String], dir: &Path) -> Result<Running, StartError> {
+/// `sentinel`: run as a Sentinel, from `DIR/sentinel.conf` (which it
+/// rewrites as it learns).
+fn spawn(
+    binary: &Path,
+    port: u16,
+    args: &[String],
+    dir: &Path,
+    sentinel: bool,
+) -> Result<Running, StartError> {
     let port_text = port.to_string();
     let dir_text = dir.to_str().expect("temp dir path is UTF-8");
+    let config = sentinel.then(|| dir.join("sentinel.conf"));
     let mut wrapper = Command::new("sh")
         .arg("-c")
         .arg(WRAPPER)
         .arg("sh")
         .arg(binary)
         .arg(dir)
+        .args(config.iter())
+        .args(sentinel.then_some("--sentinel"))
         .args([
             "--port",
             &port_text,
@@ -762,6 +792,7 @@ impl RedisCluster {
                 "no",
             ],
             true,
+            None,
         )
     }
 
@@ -938,17 +969,6 @@ impl RedisCluster {
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         format!("redis-cluster://{}", hosts.join(","))
-    }
-
-    /// The same nodes in fred's `RedisConfig::from_url` syntax:
-    /// `redis-cluster://127.0.0.1:P1?node=127.0.0.1:P2&node=127.0.0.1:P3`.
-    pub fn fred_url(&self) -> String {
-        let ports = self.ports();
-        let rest: Vec<String> = ports[1..]
-            .iter()
-            .map(|p| format!("node=127.0.0.1:{p}"))
-            .collect();
-        format!("redis-cluster://127.0.0.1:{}?{}", ports[0], rest.join("&"))
     }
 
     pub fn nodes(&self) -> &[RedisServer] {

@@ -1,14 +1,13 @@
-//! Redis Cluster routing, done here rather than in fred.
+//! Redis Cluster routing, done here rather than by a client library's
+//! cluster mode.
 //!
-//! Why not fred's clustered client: fred follows `MOVED`/`ASK` inside its
-//! router task, and with one command attempt (which a script that counts
-//! needs: it must never be sent twice) an `ASK` ends the client's connection
-//! task for good ("Max attempts reached"), so a routine slot migration left
-//! every connection dead. Allowing more attempts is not safe either: fred puts
-//! the in-flight commands of a dropped connection back in its retry buffer,
-//! so a script that may have run would be sent again.
+//! Why: a script that counts must never be sent twice, and client cluster
+//! modes retry on their own (fred's, for one, put the in-flight commands of
+//! a dropped connection back in its retry buffer, and with a single attempt
+//! allowed ended a connection for good on a routine `ASK`). Only this module
+//! knows which answers mean "not run".
 //!
-//! So: one [`Node`] (a few centralized fred clients that never resend) per
+//! So: one [`Node`] (a few connections that never resend) per
 //! primary, and a slot table (16384 entries) read from `CLUSTER SLOTS` of any
 //! reachable node. Redis answers `MOVED`, `ASK`, `TRYAGAIN` and
 //! `CLUSTERDOWN` before running a script, so on those the call may safely go
@@ -24,11 +23,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use fred::prelude::{Config, Server, ServerConfig};
-use fred::types::Value;
 use parking_lot::{Mutex, RwLock};
+use redis::Value;
 
+use super::dial::{Dialer, Place};
 use super::node::{Node, NodeName};
+use super::url::Address;
 use crate::store::StoreError;
 
 /// Hash slots of a Redis Cluster.
@@ -51,11 +51,10 @@ struct Topology {
 /// The routing state of one Redis Cluster.
 pub(super) struct Cluster {
     /// The URL's hosts: asked when no known node answers.
-    seeds: Vec<Server>,
-    /// Credentials and TLS of every node's clients.
-    template: Config,
+    seeds: Vec<Address>,
+    /// Credentials and TLS of every node's connections.
+    dialer: Arc<Dialer>,
     pool_size: usize,
-    connect_timeout: Duration,
     /// Read by every call (an `Arc` clone under a read lock); written by
     /// refreshes and `MOVED`.
     topology: RwLock<Topology>,
@@ -75,16 +74,15 @@ impl Cluster {
     /// and starts the periodic refresh. A cluster not reachable yet gives an
     /// empty table: calls fail UNAVAILABLE until a refresh finds it.
     pub(super) async fn connect(
-        config: Config,
-        seeds: Vec<Server>,
+        dialer: Arc<Dialer>,
+        seeds: Vec<Address>,
         pool_size: usize,
         connect_timeout: Duration,
     ) -> Arc<Cluster> {
         let cluster = Arc::new(Cluster {
             seeds,
-            template: config,
+            dialer,
             pool_size,
-            connect_timeout,
             topology: RwLock::new(Topology {
                 slots: vec![None; SLOTS],
                 nodes: HashMap::new(),
@@ -158,9 +156,10 @@ impl Cluster {
     }
 
     /// Closes every node.
-    pub(super) async fn quit(&self) {
-        let nodes = self.nodes();
-        futures_util::future::join_all(nodes.iter().map(|n| n.quit())).await;
+    pub(super) fn quit(&self) {
+        for node in self.nodes() {
+            node.quit();
+        }
     }
 
     /// Schedules a refresh in the background, unless one ran lately.
@@ -203,9 +202,6 @@ impl Cluster {
     async fn read_topology(&self, wait: Duration) -> Result<(), StoreError> {
         let mut known = self.nodes();
         known.sort_by_key(|n| !n.is_connected());
-        for node in &known {
-            node.renew();
-        }
         let mut last = StoreError::Unavailable("no Redis Cluster node to ask".into());
         for node in &known {
             match self.ask(node, wait).await {
@@ -214,7 +210,7 @@ impl Cluster {
             }
         }
         for seed in &self.seeds {
-            let address = format!("{}:{}", seed.host, seed.port);
+            let address = seed.to_string();
             if known.iter().any(|n| **n.name() == address) {
                 continue;
             }
@@ -225,7 +221,7 @@ impl Cluster {
                 Err(node.down())
             };
             // Kept only if the topology names it (as a fresh node then).
-            node.quit().await;
+            node.quit();
             match answer {
                 Ok(ranges) => return self.install(ranges),
                 Err(e) => last = e,
@@ -240,10 +236,11 @@ impl Cluster {
         node: &Node,
         wait: Duration,
     ) -> Result<Vec<(u16, u16, String)>, StoreError> {
-        let reply: Value =
-            tokio::time::timeout(wait, node.command("CLUSTER", vec![Value::from("SLOTS")]))
-                .await
-                .map_err(|_| StoreError::Timeout(wait))??;
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let reply: Value = tokio::time::timeout(wait, node.command(&slots))
+            .await
+            .map_err(|_| StoreError::Timeout(wait))??;
         let asked_host = node
             .name()
             .rsplit_once(':')
@@ -282,7 +279,7 @@ impl Cluster {
                             .collect();
                         drop(topology);
                         for node in built {
-                            tokio::spawn(async move { node.quit().await });
+                            node.quit();
                         }
                         return Err(e);
                     }
@@ -309,26 +306,23 @@ impl Cluster {
         }
         *topology = Topology { slots, nodes };
         drop(topology);
-        for node in gone {
-            // A node that answered MOVED a moment ago may be a replica now;
-            // calls holding it finish on their own clients first.
-            tokio::spawn(async move { node.quit().await });
-        }
+        // A node that answered MOVED a moment ago may be a replica now;
+        // calls holding it end when its last holder lets go (dropping the
+        // last `Arc` closes its connections).
+        drop(gone);
         Ok(())
     }
 
     fn new_node(&self, address: &str) -> Result<Node, StoreError> {
-        let (host, port) = address
-            .rsplit_once(':')
-            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
-            .ok_or_else(|| {
-                StoreError::Unavailable(format!("bad Redis Cluster address '{address}'"))
-            })?;
-        let mut config = self.template.clone();
-        config.server = ServerConfig::Centralized {
-            server: Server::new(host.trim_start_matches('[').trim_end_matches(']'), port),
-        };
-        Node::new(address.into(), config, self.pool_size, self.connect_timeout)
+        let at = Address::parse(address).map_err(|e| {
+            StoreError::Unavailable(format!("bad Redis Cluster address '{address}': {e}"))
+        })?;
+        Ok(Node::new(
+            address.into(),
+            self.dialer.clone(),
+            Place::At(at),
+            self.pool_size,
+        ))
     }
 }
 
@@ -347,7 +341,7 @@ async fn refresh_periodically(cluster: Weak<Cluster>) {
 
 /// `CLUSTER SLOTS`: `[[first, last, [host, port, id, …], replicas…], …]`. An
 /// empty host means "the node you asked".
-fn parse_slots(reply: Value, asked_host: &str) -> Option<Vec<(u16, u16, String)>> {
+pub(super) fn parse_slots(reply: Value, asked_host: &str) -> Option<Vec<(u16, u16, String)>> {
     let Value::Array(ranges) = reply else {
         return None;
     };
@@ -357,14 +351,18 @@ fn parse_slots(reply: Value, asked_host: &str) -> Option<Vec<(u16, u16, String)>
             return None;
         };
         let mut parts = parts.into_iter();
-        let first = u16::try_from(parts.next()?.as_i64()?).ok()?;
-        let last = u16::try_from(parts.next()?.as_i64()?).ok()?;
+        let first = u16::try_from(int(parts.next()?)?).ok()?;
+        let last = u16::try_from(int(parts.next()?)?).ok()?;
         let Value::Array(primary) = parts.next()? else {
             return None;
         };
         let mut primary = primary.into_iter();
-        let host = primary.next()?.as_string()?;
-        let port = primary.next()?.as_i64()?;
+        let host = match primary.next()? {
+            Value::BulkString(bytes) => String::from_utf8(bytes).ok()?,
+            Value::SimpleString(text) => text,
+            _ => return None,
+        };
+        let port = int(primary.next()?)?;
         let host = if host.is_empty() || host == "?" {
             asked_host.to_owned()
         } else {
@@ -375,6 +373,25 @@ fn parse_slots(reply: Value, asked_host: &str) -> Option<Vec<(u16, u16, String)>
     Some(out)
 }
 
+fn int(value: Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(n),
+        _ => None,
+    }
+}
+
+/// The hash slot of `key`: CRC16 (XMODEM) of the key, or of its hash tag
+/// (what lies between the first `{` and the next `}`, when not empty),
+/// modulo 16384.
+pub(super) fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % SLOTS as u16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,19 +400,19 @@ mod tests {
     fn cluster_slots_replies_become_ranges() {
         let node = |host: &str, port: i64| {
             Value::Array(vec![
-                Value::from(host),
-                Value::from(port),
-                Value::from("id"),
+                Value::BulkString(host.into()),
+                Value::Int(port),
+                Value::BulkString("id".into()),
             ])
         };
         let reply = Value::Array(vec![
             Value::Array(vec![
-                Value::from(0),
-                Value::from(5460),
+                Value::Int(0),
+                Value::Int(5460),
                 node("10.0.0.1", 7000),
                 node("10.0.0.4", 7003),
             ]),
-            Value::Array(vec![Value::from(5461), Value::from(16383), node("", 7001)]),
+            Value::Array(vec![Value::Int(5461), Value::Int(16383), node("", 7001)]),
         ]);
         assert_eq!(
             parse_slots(reply, "10.0.0.9"),
@@ -404,6 +421,16 @@ mod tests {
                 (5461, 16383, "10.0.0.9:7001".into())
             ])
         );
-        assert_eq!(parse_slots(Value::from("x"), ""), None);
+        assert_eq!(parse_slots(Value::SimpleString("x".into()), ""), None);
+    }
+
+    #[test]
+    fn slots_follow_redis_cluster_hashing() {
+        // Figures from the Redis Cluster specification and CLUSTER KEYSLOT.
+        assert_eq!(slot(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_ne!(slot(b"{}a"), slot(b"a"));
+        assert_eq!(slot(b"a{b}c{d}"), slot(b"b"));
     }
 }

@@ -1,26 +1,26 @@
 //! One Redis to talk to: a single server, a Sentinel-managed service, or one
-//! primary of a Cluster. A node holds a few fred clients of its own (each one
-//! connection, pipelined), its circuit breaker, and the reason its last
-//! connection attempt was refused, so that a wrong password is named.
+//! primary of a Cluster. A node holds a few connections of its own (each
+//! redis-rs multiplexed: many calls in flight on one socket), its circuit
+//! breaker, and the reason its last connection attempt was refused, so that
+//! a wrong password is named.
 //!
-//! Every client is built so that fred never resends anything: one attempt per
-//! command, fail-fast per command (nothing waits in fred's queue while the
-//! connection is down), and a reconnect policy that keeps trying forever, so
-//! a broken connection is replaced by fred. Should a client's connection task
-//! end anyway, [`Node::renew`] builds a new client in its place. A command
-//! only ever goes to a client that reports itself connected.
+//! Each connection has a task of its own that makes it (`dial.rs`), waits
+//! for it to end, and makes it again, from 0 up to 1 s apart, forever: a
+//! broken connection is replaced without any caller waiting for it. Nothing
+//! is ever resent: a call on a connection that breaks fails, and a call
+//! only ever goes to a connection that is up (none up: it fails at once
+//! rather than queue).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use fred::error::ErrorKind;
-use fred::interfaces::{ClientLike, EventInterface, LuaInterface};
-use fred::prelude::{Builder, Client, Config, Options, ReconnectPolicy};
-use fred::types::scripts::Script;
-use fred::types::{ClusterHash, ConnectHandle, CustomCommand, FromValue, Value};
 use parking_lot::{Mutex, RwLock};
+use redis::aio::MultiplexedConnection;
+use redis::{Cmd, FromRedisValue, RedisError, Value};
+use tokio::task::AbortHandle;
 
+use super::dial::{DialError, Dialer, Place, refusal};
 use crate::store::{Circuit, StoreError};
 
 /// A node's name in messages and metrics: `host:port`, or the URL (without
@@ -73,73 +73,106 @@ impl Redirect {
     }
 }
 
-/// One client and the task that drives its connection.
-struct Conn {
-    client: Client,
-    task: ConnectHandle,
+/// A Lua script: its source, sent by `SCRIPT LOAD` to a Redis that lacks
+/// it, and its SHA1, by which it is called.
+#[derive(Clone, Debug)]
+pub(super) struct Script {
+    lua: &'static str,
+    sha1: Arc<str>,
 }
+
+impl Script {
+    pub(super) fn new(lua: &'static str) -> Script {
+        let sha1 = redis::Script::new(lua).get_hash().into();
+        Script { lua, sha1 }
+    }
+
+    /// `SCRIPT LOAD` of this script.
+    pub(super) fn load(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.lua);
+        cmd
+    }
+}
+
+/// One script call, ready to send (and to send again after a redirect):
+/// `EVALSHA sha1 #keys keys… args…`.
+pub(super) struct Eval {
+    pub(super) script: Script,
+    /// The slot of its keys (all in one; 0 for none).
+    pub(super) slot: u16,
+    /// The command; its arguments are appended by the caller.
+    pub(super) cmd: Cmd,
+}
+
+impl Eval {
+    /// A call of `script` on `keys`, without arguments yet.
+    pub(super) fn new<K: AsRef<str>>(script: &Script, keys: &[K]) -> Eval {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&*script.sha1).arg(keys.len());
+        for key in keys {
+            cmd.arg(key.as_ref());
+        }
+        Eval {
+            script: script.clone(),
+            slot: keys
+                .first()
+                .map_or(0, |k| super::cluster::slot(k.as_ref().as_bytes())),
+            cmd,
+        }
+    }
+}
+
+/// One connection of a node: up (`Some`) or being made again (`None`).
+type Line = RwLock<Option<MultiplexedConnection>>;
 
 /// One Redis target and its connections.
 pub(super) struct Node {
     name: NodeName,
-    /// Builds this node's clients, again when one must be replaced.
-    builder: Builder,
-    /// A lock per slot so that a dead client can be swapped for a new one
-    /// while the others serve; reads only clone the client (an `Arc`).
-    conns: Vec<RwLock<Conn>>,
+    /// Read by every call (a cheap clone of the connection under a read
+    /// lock), written only by each line's own task as it connects and
+    /// disconnects.
+    lines: Vec<Arc<Line>>,
+    /// The tasks that keep the lines connected, stopped at `quit`.
+    keepers: Vec<AbortHandle>,
     /// Round-robin position.
     next: AtomicUsize,
     /// This node's breaker: a dead node fails fast without failing others.
     pub(super) circuit: Circuit,
     /// Redis's words when it refused our credentials, until a connection
-    /// succeeds again (written by the clients' event listeners).
+    /// succeeds again (written by the lines' tasks).
     auth_refused: Arc<Mutex<Option<String>>>,
     created: Instant,
 }
 
-/// Options of every call: never queued while disconnected, never retried.
-fn once() -> Options {
-    Options {
-        fail_fast: true,
-        max_attempts: Some(1),
-        ..Options::default()
-    }
-}
-
 impl Node {
-    /// A node over `config` with `size` connections, connecting in the
-    /// background. `connect_timeout` bounds each connection attempt.
-    pub(super) fn new(
-        name: NodeName,
-        mut config: Config,
-        size: usize,
-        connect_timeout: Duration,
-    ) -> Result<Node, StoreError> {
-        // Keep reconnecting even when Redis is not up at start; calls fail
-        // fast on their own (see `once`).
-        config.fail_fast = false;
-        let mut builder = Builder::from_config(config);
-        builder
-            .with_connection_config(|c| {
-                c.connection_timeout = connect_timeout.max(Duration::from_millis(100));
-                // Never resend a script: it may already have counted.
-                c.max_command_attempts = 1;
-            })
-            // Forever (0 attempts = no limit), from 0 up to 1 s apart.
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2));
+    /// A node at `place` with `size` connections, connecting in the
+    /// background.
+    pub(super) fn new(name: NodeName, dialer: Arc<Dialer>, place: Place, size: usize) -> Node {
         let auth_refused = Arc::new(Mutex::new(None));
-        let conns = (0..size.max(1))
-            .map(|_| start(&builder, &auth_refused).map(RwLock::new))
-            .collect::<Result<_, _>>()?;
-        Ok(Node {
+        let lines: Vec<Arc<Line>> = (0..size.max(1)).map(|_| Arc::default()).collect();
+        let keepers = lines
+            .iter()
+            .map(|line| {
+                let keeper = Keeper {
+                    line: line.clone(),
+                    dialer: dialer.clone(),
+                    place: place.clone(),
+                    name: name.clone(),
+                    auth_refused: auth_refused.clone(),
+                };
+                tokio::spawn(keeper.run()).abort_handle()
+            })
+            .collect();
+        Node {
             name,
-            builder,
-            conns,
+            lines,
+            keepers,
             next: AtomicUsize::new(0),
             circuit: Circuit::default(),
             auth_refused,
             created: Instant::now(),
-        })
+        }
     }
 
     pub(super) fn name(&self) -> &NodeName {
@@ -148,7 +181,7 @@ impl Node {
 
     /// Whether any connection is up.
     pub(super) fn is_connected(&self) -> bool {
-        self.conns.iter().any(|c| c.read().client.is_connected())
+        self.lines.iter().any(|line| line.read().is_some())
     }
 
     /// Waits (at most `limit`) until a connection is up or Redis has refused
@@ -166,18 +199,12 @@ impl Node {
         }
     }
 
-    /// A connected client, round-robin; none while every connection is
-    /// down (the call then fails at once rather than queue).
-    pub(super) fn client(&self) -> Result<Client, StoreError> {
+    /// A connection that is up, round-robin; none while every one is down
+    /// (the call then fails at once rather than queue).
+    pub(super) fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        (0..self.conns.len())
-            .map(|i| {
-                self.conns[(start + i) % self.conns.len()]
-                    .read()
-                    .client
-                    .clone()
-            })
-            .find(|c| c.is_connected())
+        (0..self.lines.len())
+            .find_map(|i| self.lines[(start + i) % self.lines.len()].read().clone())
             .ok_or_else(|| self.down())
     }
 
@@ -189,90 +216,47 @@ impl Node {
         }
     }
 
-    /// A fred error as a store error, naming refused credentials.
-    fn error(&self, e: &fred::error::Error) -> StoreError {
-        if *e.kind() == ErrorKind::Auth {
-            return auth_failed(&self.name, e.details());
+    /// A redis-rs error as a store error, naming refused credentials.
+    fn error(&self, e: &RedisError) -> StoreError {
+        match refusal(e) {
+            Some(DialError::Refused(why)) => auth_failed(&self.name, &why),
+            _ => StoreError::Unavailable(format!("Redis at {}: {e}", self.name)),
         }
-        if *e.kind() == ErrorKind::Canceled {
-            // fred's answer to a call on a connection that just went down.
-            return self.down();
-        }
-        StoreError::Unavailable(format!("Redis at {}: {e}", self.name))
     }
 
-    /// Runs `script` once on this node (after `ASKING` on the same
-    /// connection when `asking`), loading it first if this Redis lacks it.
-    pub(super) async fn run(
-        &self,
-        script: &Script,
-        keys: &[String],
-        args: &[Value],
-        asking: bool,
-    ) -> Sent {
-        let client = match self.client() {
-            Ok(client) => client,
+    /// Runs `eval` once on this node (after `ASKING` on the same
+    /// connection when `asking`), loading its script first if this Redis
+    /// lacks it.
+    pub(super) async fn run(&self, eval: &Eval, asking: bool) -> Sent {
+        let mut conn = match self.connection() {
+            Ok(conn) => conn,
             Err(e) => return Sent::Failed(e),
         };
-        let first = evalsha(&client, script, keys, args, asking).await;
-        let result = match first {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                let lua = script
-                    .lua()
-                    .expect("scripts are built from their source")
-                    .clone();
-                match client.with_options(&once()).script_load::<(), _>(lua).await {
-                    // Not run: NOSCRIPT is answered before anything runs.
-                    Ok(()) => evalsha(&client, script, keys, args, asking).await,
-                    Err(e) => Err(e),
-                }
-            }
-            other => other,
-        };
-        match result {
+        let mut result = send(&mut conn, &eval.cmd, asking).await;
+        if matches!(&result, Err(e) if e.code() == Some("NOSCRIPT")) {
+            // Not run: NOSCRIPT is answered before anything runs.
+            result = match conn.send_packed_command(&eval.script.load()).await {
+                Ok(_) => send(&mut conn, &eval.cmd, asking).await,
+                Err(e) => Err(e),
+            };
+        }
+        match result.and_then(|reply| Vec::<i64>::from_redis_value(reply).map_err(Into::into)) {
             Ok(reply) => Sent::Reply(reply),
-            Err(e) => match Redirect::parse(e.details()) {
+            Err(e) => match Redirect::parse(&error_text(&e)) {
                 Some(redirect) => Sent::Redirect(redirect),
                 None => Sent::Failed(self.error(&e)),
             },
         }
     }
 
-    /// A raw command on this node (topology reads, script loads).
-    pub(super) async fn command<R: FromValue>(
-        &self,
-        name: &'static str,
-        args: Vec<Value>,
-    ) -> Result<R, StoreError> {
-        let client = self.client()?;
-        client
-            .with_options(&once())
-            .custom::<R, Value>(
-                CustomCommand::new_static(name, ClusterHash::FirstKey, false),
-                args,
-            )
+    /// A command on this node (topology reads, script loads).
+    pub(super) async fn command<R: FromRedisValue>(&self, cmd: &Cmd) -> Result<R, StoreError> {
+        let mut conn = self.connection()?;
+        let reply = conn
+            .send_packed_command(cmd)
             .await
-            .map_err(|e| self.error(&e))
-    }
-
-    /// Builds a new client in place of any whose connection task has ended
-    /// (fred gives up on a client in a few cases; a dead client must not
-    /// stay in rotation for good).
-    pub(super) fn renew(&self) {
-        for slot in &self.conns {
-            if !slot.read().task.is_finished() {
-                continue;
-            }
-            match start(&self.builder, &self.auth_refused) {
-                Ok(conn) => {
-                    tracing::warn!(node = %self.name, "a Redis connection task ended; replaced it");
-                    *slot.write() = conn;
-                }
-                Err(e) => {
-                    tracing::error!(node = %self.name, error = %e, "cannot rebuild a Redis client")
-                }
-            }
-        }
+            .map_err(|e| self.error(&e))?;
+        R::from_redis_value(reply).map_err(|e| self.error(&e.into()))
     }
 
     /// How long ago this node was first seen.
@@ -280,44 +264,73 @@ impl Node {
         self.created.elapsed()
     }
 
-    /// Closes every connection. A client that is not connected (still
-    /// connecting, or in reconnect back-off) would hold `QUIT` until it
-    /// connects, so its connection task is stopped instead; the connected
-    /// ones get at most two seconds.
-    pub(super) async fn quit(&self) {
-        let mut connected = Vec::new();
-        for conn in &self.conns {
-            let conn = conn.read();
-            if conn.client.is_connected() {
-                connected.push(conn.client.clone());
-            } else {
-                conn.task.abort();
-            }
+    /// Closes every connection (calls in flight on them fail) and stops
+    /// making new ones.
+    pub(super) fn quit(&self) {
+        for keeper in &self.keepers {
+            keeper.abort();
         }
-        let all = futures_util::future::join_all(connected.iter().map(|c| c.quit()));
-        let _ = tokio::time::timeout(Duration::from_secs(2), all).await;
+        for line in &self.lines {
+            line.write().take();
+        }
     }
 }
 
-/// Builds one client, starts its connection task and its listeners.
-fn start(builder: &Builder, auth_refused: &Arc<Mutex<Option<String>>>) -> Result<Conn, StoreError> {
-    let client = builder
-        .build()
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-    let refused = auth_refused.clone();
-    client.on_error(move |(error, _)| {
-        if *error.kind() == ErrorKind::Auth {
-            *refused.lock() = Some(error.details().to_owned());
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.quit();
+    }
+}
+
+/// The task behind one connection of a node: makes it, waits for it to
+/// end, makes it again.
+struct Keeper {
+    line: Arc<Line>,
+    dialer: Arc<Dialer>,
+    place: Place,
+    name: NodeName,
+    auth_refused: Arc<Mutex<Option<String>>>,
+}
+
+impl Keeper {
+    async fn run(self) {
+        let mut pause = Duration::ZERO;
+        loop {
+            match self.dialer.connect(&self.place).await {
+                Ok((conn, traffic)) => {
+                    *self.auth_refused.lock() = None;
+                    *self.line.write() = Some(conn);
+                    // Aborted with this task (`quit`), so the socket closes.
+                    let traffic = AbortOnDrop(traffic);
+                    let _ = traffic.wait().await;
+                    self.line.write().take();
+                    tracing::warn!(node = %self.name, "Redis connection lost; reconnecting");
+                    pause = Duration::ZERO;
+                }
+                Err(DialError::Refused(why)) => *self.auth_refused.lock() = Some(why),
+                Err(DialError::Failed(why)) => {
+                    tracing::debug!(node = %self.name, error = %why, "no Redis connection yet");
+                }
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
         }
-        async { Ok(()) }
-    });
-    let refused = auth_refused.clone();
-    client.on_reconnect(move |_| {
-        *refused.lock() = None;
-        async { Ok(()) }
-    });
-    let task = client.connect();
-    Ok(Conn { client, task })
+    }
+}
+
+/// A task that is stopped when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    async fn wait(mut self) -> Result<(), tokio::task::JoinError> {
+        (&mut self.0).await
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The error for refused credentials. Redis's own words (WRONGPASS, NOAUTH)
@@ -328,40 +341,43 @@ fn auth_failed(node: &str, why: &str) -> StoreError {
     ))
 }
 
-/// One `EVALSHA`, preceded on the same connection by `ASKING` when asked: a
-/// fred pipeline on a one-connection client writes its commands back to back
-/// in the router task, so nothing else can come between them. (Sent as a
-/// custom command because fred's per-command options do not reach its Lua
-/// interface.)
-async fn evalsha(
-    client: &Client,
-    script: &Script,
-    keys: &[String],
-    args: &[Value],
-    asking: bool,
-) -> Result<Vec<i64>, fred::error::Error> {
-    let mut command: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-    command.push(Value::from(script.sha1().clone()));
-    command.push(Value::from(keys.len() as i64));
-    command.extend(keys.iter().map(|k| Value::from(k.as_str())));
-    command.extend(args.iter().cloned());
-    let eval = CustomCommand::new_static("EVALSHA", ClusterHash::FirstKey, false);
-    let client = client.with_options(&once());
-    if !asking {
-        return client.custom::<Vec<i64>, Value>(eval, command).await;
+/// A server error as Redis wrote it (`MOVED 3999 10.0.0.2:7000`), for
+/// [`Redirect::parse`].
+fn error_text(e: &RedisError) -> String {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        (Some(code), None) => code.to_owned(),
+        _ => String::new(),
     }
-    let pipeline = fred::clients::Pipeline::from(client);
-    let asking = CustomCommand::new_static("ASKING", ClusterHash::FirstKey, false);
-    pipeline.custom::<(), Value>(asking, Vec::new()).await?;
-    pipeline.custom::<(), Value>(eval, command).await?;
-    let mut replies = pipeline.try_all::<Value>().await.into_iter();
+}
+
+/// One command, preceded on the same connection by `ASKING` when asked: a
+/// pipeline of two is written to the socket in one piece, so nothing else
+/// can come between them.
+async fn send(
+    conn: &mut MultiplexedConnection,
+    cmd: &Cmd,
+    asking: bool,
+) -> Result<Value, RedisError> {
+    if !asking {
+        return match conn.send_packed_command(cmd).await? {
+            Value::ServerError(e) => Err(e.into()),
+            reply => Ok(reply),
+        };
+    }
+    let mut pipeline = redis::pipe();
+    pipeline.cmd("ASKING").add_command(cmd.clone());
+    let mut replies = conn
+        .send_packed_commands(&pipeline, 0, 2)
+        .await?
+        .into_iter();
     match (replies.next(), replies.next()) {
-        (Some(Ok(_)), Some(reply)) => Vec::<i64>::from_value(reply?),
-        (Some(Err(e)), _) => Err(e),
-        _ => Err(fred::error::Error::new(
-            ErrorKind::Protocol,
+        (Some(Value::ServerError(e)), _) | (_, Some(Value::ServerError(e))) => Err(e.into()),
+        (Some(_), Some(reply)) => Ok(reply),
+        _ => Err(RedisError::from((
+            redis::ErrorKind::Parse,
             "ASKING pipeline answered nothing",
-        )),
+        ))),
     }
 }
 

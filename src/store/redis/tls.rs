@@ -8,7 +8,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fred::prelude::TlsConnector;
 use rustls::client::WebPkiServerVerifier;
 use rustls::{ClientConfig, RootCertStore};
 
@@ -31,9 +30,10 @@ impl RedisTls {
         *self == Self::default()
     }
 
-    /// The connector for these files: roots (system and CA file), client
-    /// certificate, and the host-name policy.
-    pub(super) fn connector(&self) -> Result<TlsConnector, String> {
+    /// The client configuration for these files: roots (system and CA
+    /// file), client certificate, and the host-name policy. The default
+    /// (no files) is a plain `rediss://`: the system roots.
+    pub(super) fn client_config(&self) -> Result<Arc<ClientConfig>, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = RootCertStore::empty();
         // The system roots; a store with unreadable entries still has the
@@ -67,7 +67,7 @@ impl RedisTls {
             }
             None => builder.with_no_client_auth(),
         };
-        Ok(config.into())
+        Ok(Arc::new(config))
     }
 }
 

@@ -1,10 +1,9 @@
-//! Redis URLs: the accepted forms, their parsing into a fred config, and a
-//! wrapper that keeps the password out of `Debug` and `Display`.
+//! Redis URLs: the accepted forms, their parsing into an [`Endpoint`], and
+//! a wrapper that keeps the password out of `Debug` and `Display`.
 
 use std::fmt;
+use std::path::PathBuf;
 
-use fred::prelude::{Config, Server, ServerConfig, TlsConnector};
-use fred::types::config::ClusterDiscoveryPolicy;
 use serde::{Deserialize, Serialize};
 
 /// A Redis URL whose password never appears in `Debug` or `Display`.
@@ -76,8 +75,71 @@ impl fmt::Debug for RedisUrl {
     }
 }
 
-/// Parses one of the accepted URL forms into a fred config.
-pub(super) fn parse_url(url: &RedisUrl) -> Result<Config, String> {
+/// Where a URL says Redis is, and how to log in to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Endpoint {
+    pub(super) servers: Servers,
+    pub(super) username: Option<String>,
+    pub(super) password: Option<String>,
+    /// `SELECT`ed after login (a single server only).
+    pub(super) database: i64,
+    /// `rediss…` schemes.
+    pub(super) tls: bool,
+}
+
+/// The Redis a URL names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Servers {
+    /// One server (`redis://`, `rediss://`, `redis+unix://`).
+    Single(Address),
+    /// Seeds of a Redis Cluster: any of them tells the rest.
+    Cluster(Vec<Address>),
+    /// Sentinels and the name of the service whose primary they name.
+    Sentinel {
+        sentinels: Vec<Address>,
+        service: String,
+    },
+}
+
+/// One server's address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Address {
+    Tcp { host: String, port: u16 },
+    Unix(PathBuf),
+}
+
+impl Address {
+    /// `host:port`, as Redis Cluster names its nodes.
+    pub(super) fn parse(text: &str) -> Result<Address, String> {
+        let (host, port) = text
+            .rsplit_once(':')
+            .map_or((text, "6379"), |(h, p)| (h, p));
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("invalid port in '{text}'"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(format!("missing host in '{text}'"));
+        }
+        Ok(Address::Tcp {
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
+            Address::Tcp { host, port } => write!(f, "{host}:{port}"),
+            Address::Unix(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// Parses one of the accepted URL forms.
+pub(super) fn parse_url(url: &RedisUrl) -> Result<Endpoint, String> {
     let text = url.expose();
     let (scheme, rest) = text.split_once("://").ok_or("missing '://'")?;
     let (auth, rest) = match rest.rsplit_once('@') {
@@ -94,73 +156,55 @@ pub(super) fn parse_url(url: &RedisUrl) -> Result<Config, String> {
             None => (None, Some(percent_decode(auth)?)),
         },
     };
+    let mut endpoint = Endpoint {
+        servers: Servers::Cluster(Vec::new()),
+        username,
+        password,
+        database: 0,
+        tls: scheme.starts_with("rediss"),
+    };
     if scheme == "redis+unix" {
         if !rest.starts_with('/') {
             return Err(
                 "redis+unix:// takes the socket's absolute path: redis+unix:///path".into(),
             );
         }
-        return Ok(Config {
-            username,
-            password,
-            server: ServerConfig::Unix { path: rest.into() },
-            ..Config::default()
-        });
+        endpoint.servers = Servers::Single(Address::Unix(rest.into()));
+        return Ok(endpoint);
     }
     let (hosts, path) = match rest.split_once('/') {
         Some((hosts, path)) => (hosts, Some(path).filter(|p| !p.is_empty())),
         None => (rest, None),
     };
-    let servers = hosts
+    let mut servers = hosts
         .split(',')
-        .map(|h| {
-            let (host, port) = h.rsplit_once(':').map_or((h, "6379"), |(h, p)| (h, p));
-            let port: u16 = port.parse().map_err(|_| format!("invalid port in '{h}'"))?;
-            if host.is_empty() {
-                return Err(format!("missing host in '{h}'"));
-            }
-            Ok(Server::new(
-                host.trim_start_matches('[').trim_end_matches(']'),
-                port,
-            ))
-        })
+        .map(Address::parse)
         .collect::<Result<Vec<_>, String>>()?;
-    let mut config = Config {
-        username,
-        password,
-        ..Config::default()
-    };
-    let single = || match servers.as_slice() {
-        [one] => Ok(one.clone()),
-        _ => Err(format!(
-            "{scheme}:// takes one host; use redis-cluster:// or redis-sentinel:// for several"
-        )),
-    };
-    config.server = match scheme {
+    endpoint.servers = match scheme {
         "redis" | "rediss" => {
             if let Some(db) = path {
-                config.database = Some(db.parse().map_err(|_| format!("invalid database '{db}'"))?);
+                endpoint.database = db.parse().map_err(|_| format!("invalid database '{db}'"))?;
             }
-            ServerConfig::Centralized { server: single()? }
+            if servers.len() != 1 {
+                return Err(format!(
+                    "{scheme}:// takes one host; use redis-cluster:// or redis-sentinel:// for several"
+                ));
+            }
+            Servers::Single(servers.remove(0))
         }
         "redis-cluster" | "rediss-cluster" => {
             if path.is_some() {
                 return Err("redis-cluster:// takes no database".into());
             }
-            ServerConfig::Clustered {
-                hosts: servers,
-                policy: ClusterDiscoveryPolicy::default(),
-            }
+            Servers::Cluster(servers)
         }
         "redis-sentinel" | "rediss-sentinel" => {
-            let service_name = path.ok_or(
+            let service = path.ok_or(
                 "redis-sentinel:// needs the service name: redis-sentinel://host:port/service",
             )?;
-            ServerConfig::Sentinel {
-                hosts: servers,
-                service_name: service_name.to_owned(),
-                username: config.username.clone(),
-                password: config.password.clone(),
+            Servers::Sentinel {
+                sentinels: servers,
+                service: service.to_owned(),
             }
         }
         other => {
@@ -169,11 +213,7 @@ pub(super) fn parse_url(url: &RedisUrl) -> Result<Config, String> {
             ));
         }
     };
-    if scheme.starts_with("rediss") {
-        let connector = TlsConnector::default_rustls().map_err(|e| format!("TLS set-up: {e}"))?;
-        config.tls = Some(connector.into());
-    }
-    Ok(config)
+    Ok(endpoint)
 }
 
 fn percent_decode(text: &str) -> Result<String, String> {
@@ -237,35 +277,51 @@ mod tests {
     }
 
     #[test]
-    fn url_forms_map_to_fred_configs() {
+    fn url_forms_map_to_endpoints() {
         let c = parse_url(&RedisUrl::new("redis://alice:p%40ss@127.0.0.1:7000/2")).unwrap();
         assert_eq!(
-            (c.username.as_deref(), c.password.as_deref(), c.database),
-            (Some("alice"), Some("p@ss"), Some(2))
+            (
+                c.username.as_deref(),
+                c.password.as_deref(),
+                c.database,
+                c.tls
+            ),
+            (Some("alice"), Some("p@ss"), 2, false)
         );
-        assert!(matches!(c.server, ServerConfig::Centralized { .. }));
-        let c = parse_url(&RedisUrl::new(
-            "redis-cluster://127.0.0.1:7000,127.0.0.1:7001",
-        ))
-        .unwrap();
-        assert!(matches!(c.server, ServerConfig::Clustered { ref hosts, .. } if hosts.len() == 2));
+        assert_eq!(
+            c.servers,
+            Servers::Single(Address::Tcp {
+                host: "127.0.0.1".into(),
+                port: 7000
+            })
+        );
+        let c = parse_url(&RedisUrl::new("redis-cluster://127.0.0.1:7000,[::1]:7001")).unwrap();
+        assert!(matches!(c.servers, Servers::Cluster(ref hosts) if hosts.len() == 2));
+        if let Servers::Cluster(hosts) = &c.servers {
+            assert_eq!(hosts[1].to_string(), "[::1]:7001");
+        }
         let c = parse_url(&RedisUrl::new(
             "redis-sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster",
         ))
         .unwrap();
         assert!(
-            matches!(c.server, ServerConfig::Sentinel { ref service_name, .. } if service_name == "mymaster")
+            matches!(c.servers, Servers::Sentinel { ref service, ref sentinels } if service == "mymaster" && sentinels.len() == 2)
         );
         let c = parse_url(&RedisUrl::new("redis+unix://:pw@/run/redis.sock")).unwrap();
         assert_eq!(c.password.as_deref(), Some("pw"));
-        assert!(
-            matches!(c.server, ServerConfig::Unix { ref path } if path.as_os_str() == "/run/redis.sock")
+        assert_eq!(
+            c.servers,
+            Servers::Single(Address::Unix("/run/redis.sock".into()))
         );
         assert!(
             parse_url(&RedisUrl::new("rediss://redis:6380"))
                 .unwrap()
                 .tls
-                .is_some()
+        );
+        assert!(
+            parse_url(&RedisUrl::new("rediss-cluster://redis:6380"))
+                .unwrap()
+                .tls
         );
         for bad in [
             "redis:/x",
@@ -275,6 +331,7 @@ mod tests {
             "redis-sentinel://h:1",
             "redis://h:1/db",
             "redis+unix://relative.sock",
+            "redis-cluster://:7000",
         ] {
             assert!(
                 parse_url(&RedisUrl::new(bad)).is_err(),

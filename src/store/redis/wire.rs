@@ -1,19 +1,17 @@
 //! The scripts' wire format on the Rust side: how a limit and a weight are
 //! passed to decide.lua and refund.lua, and how a decide.lua reply reads.
 
-use fred::types::Value;
-
 use crate::limiter::{Algorithm, Counting, LimitSpec};
 use crate::store::{BatchItem, LimitOutcome, counted_used};
 
-pub(super) fn hits(hits: u64) -> Value {
-    Value::from(i64::try_from(hits).unwrap_or(i64::MAX))
+pub(super) fn hits(hits: u64) -> i64 {
+    i64::try_from(hits).unwrap_or(i64::MAX)
 }
 
 /// `requests, duration_ms, algorithm, param` of one limit, as both scripts
 /// take them.
-pub(super) fn limit_args(limit: &LimitSpec) -> [Value; 4] {
-    let int = |n: u64| Value::from(i64::try_from(n).unwrap_or(i64::MAX));
+pub(super) fn limit_args(limit: &LimitSpec) -> [i64; 4] {
+    let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let (algorithm, param) = match limit.window.algorithm {
         Algorithm::SlidingWindow { precision_ms } => (0, precision_ms),
         Algorithm::FixedWindow => (1, 0),
@@ -25,7 +23,7 @@ pub(super) fn limit_args(limit: &LimitSpec) -> [Value; 4] {
     [
         int(limit.requests),
         int(limit.window.duration_ms),
-        Value::from(algorithm),
+        algorithm,
         int(param),
     ]
 }
