@@ -143,7 +143,7 @@ for i = 1, #KEYS do
     if k[4] then
       call('HDEL', k[1], unpack(k[4]))
     end
-    local extend = k[5] > 0 and k[5] > (tonumber(k[6]) or 0)
+    local extend = k[5] > 0 and k[5] > (k[6] or 0) + 0
     if extend then
       write(k, 'x', fmt('%d', k[5]))
     end

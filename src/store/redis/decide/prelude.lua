@@ -65,11 +65,16 @@ and number <-> string conversions cost more than the arithmetic. Hence: each
 algorithm is one function answering every operation (`op`, below), built
 only when the request names it; records are arrays; the driver is
 straight-line code; integers are formatted with string.format('%d') (half
-the cost of Lua's own number-to-string) and parsed once each.
+the cost of Lua's own number-to-string; a field name is `prefix ..
+fmt('%d', n)`, cheaper than fmt('%s%d', prefix, n)) and parsed once each,
+by arithmetic (`s + 0`, `(s or 0) + 0` for a field that may be missing,
+i.e. false): Lua's tonumber parses its argument twice (lua_isnumber, then
+lua_tonumber), and costs about 1,700 instructions against 700. Every
+string parsed is one this script or Rust wrote, so it is a number.
 ]]
 
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-local call, fmt, tonumber = redis.call, string.format, tonumber
+local call, fmt = redis.call, string.format
 
 -- A counter holds at most 2^53 - 1 hits, and a token bucket's debt stops
 -- 2^52 ticks ahead of now (Rust's MAX_HITS and MAX_BUCKET_TICKS): what would
@@ -119,9 +124,9 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 local now
 if ARGV[1] == '' then
   local t = call('TIME')
-  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+  now = t[1] * 1000 + floor(t[2] / 1000)
 else
-  now = tonumber(ARGV[1])
+  now = ARGV[1] + 0
 end
 local whole = ARGV[2] == 'all'
 

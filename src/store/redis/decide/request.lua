@@ -21,8 +21,8 @@ for i = 1, #KEYS do
   end
   -- The role code is one digit, compared as a string: 0 enforce, 1 shadow,
   -- 2 quota, 3 refund, plus 4 when counted always.
-  items[i] = { k, ARGV[a], tonumber(ARGV[a + 1]), false }
-  local count = tonumber(ARGV[a + 2])
+  items[i] = { k, ARGV[a], ARGV[a + 1] + 0, false }
+  local count = ARGV[a + 2] + 0
   a = a + 3
   for _ = 1, count do
     local alg = ARGV[a + 2]
@@ -36,7 +36,7 @@ for i = 1, #KEYS do
       uses_log = true
     end
     nl = nl + 1
-    limits[nl] = { items[i], false, tonumber(ARGV[a]), tonumber(ARGV[a + 1]), a }
+    limits[nl] = { items[i], false, ARGV[a] + 0, ARGV[a + 1] + 0, a }
     a = a + 4
   end
 end
