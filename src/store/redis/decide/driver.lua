@@ -1,149 +1,216 @@
 --[[ The request: read every counter once, check every limit (pass 1),
-decide admission (the one place this script writes the rule), count or not
-and report (pass 2), write. Each algorithm answers through its function
-(see the operations and the records in prelude.lua).
+decide admission (Rust's limiter::admits), count or not and report (pass
+2), write. Each algorithm answers through its function (see the operations
+and the records in prelude.lua).
+
+A request of one key with one limit (every descriptor with one limit, the
+default's shape) takes the single path: the same steps for one item and one
+limit, without the item and limit records and the loops over them, which
+cost more than the limit's own arithmetic (callgrind: 126,000 -> 108,000
+instructions for the default sliding window). It writes the admission rule
+for one item; the general path's is the rule, and the two must agree.
 ]]
 
--- Plan the reads: one state per distinct counter (a counter named twice,
--- by two limits with one window, is one state).
-for j = 1, nl do
-  local l = limits[j]
-  local arg, k = l[5], l[1][1]
-  local code = ARGV[arg + 2]
+-- The reply: applied, now, then per limit from r + 1 (r = 8j - 6): used,
+-- pending, over, reset_before, reset_after, full_before, full_after, slot.
+-- `only` is the single path's key record.
+local reply, only
+if single then
+  local role, hits, code = ARGV[3], ARGV[4] + 0, ARGV[8]
   local alg = code == '0' and sliding_window or code == '1' and fixed_window
     or code == '2' and token_bucket or sliding_log
-  local f = alg('prefix', ARGV[arg + 1], ARGV[arg + 3])
-  local st
-  for i = 1, j - 1 do
-    local other = limits[i][2]
-    if other[2] == k and other[7] == f then
-      st = other
-      break
-    end
-  end
-  if not st then
-    st = alg('new', k, l, f)
-    st[6] = j
-  end
-  l[2] = st
-end
+  -- The key record as request.lua makes it; the limit record without its
+  -- item (no algorithm reads it).
+  only = { KEYS[1], 1, 0, false, 0, 0, 1, 'x', false, false, false, false, false, false, false, false, false }
+  local l = { false, false, ARGV[6] + 0, ARGV[7] + 0, 6 }
+  local st = alg('new', only, l, alg('prefix', ARGV[7], ARGV[9]))
 
--- Read: one HMGET per key; then every state takes its values and is
--- brought to now.
-for i = 1, #KEYS do
-  local k = items[i][1]
-  if k[7] == i and k[2] > 1 then
-    local v = call('HMGET', k[1], unpack(k, 8, 7 + k[2]))
-    k[6] = v[1] -- parsed only if some counter needs the HASH to live longer
-    for j = 1, nl do
-      local st = limits[j][2]
-      if st[6] == j and st[2] == k then
-        st[4] = st[1]('load', st, nil, v)
-      end
-    end
-  end
-end
-
--- Pass 1: check every limit as if every earlier limit of the request had
--- been counted (a request may name one counter twice). What each limit
--- reports goes straight into the reply: per limit, from r + 1, used,
--- pending, over, reset_before, reset_after, full_before, full_after, slot.
-local reply = nl == 1 and { 0, now, 0, 0, 0, 0, 0, 0, 0, 0 } or { 0, now }
-for j = #reply + 1, 2 + 8 * nl do
-  reply[j] = 0 -- in order, so that the reply stays one array
-end
-for j = 1, nl do
-  local l, r = limits[j], j * 8 - 6
-  local st, item = l[2], l[1]
-  local used, over = st[4] or st[1]('used', st, l), false
-  reply[r + 1], reply[r + 2] = used, st[5]
-  if item[2] ~= '3' then -- a refund only gives back
-    local hits = st[5] + item[3]
-    if st[4] then
+  -- Read and pass 1: nothing is pending on the counter.
+  local v = call('HMGET', KEYS[1], unpack(only, 8, 7 + only[2]))
+  only[6] = v[1]
+  local loaded = alg('load', st, nil, v)
+  local used, over = loaded or alg('used', st, l), false
+  if role ~= '3' then -- a refund only gives back
+    if loaded then
       over = used + hits > l[3]
     else
-      over = not st[1]('fits', st, l, hits)
-    end
-    st[5] = hits
-    item[4] = item[4] or over
-  end
-  reply[r + 3] = over and 1 or 0
-end
-
--- Admission (Rust's limiter::admits): no enforcing item over, and not every
--- quota item over. Refunds take no part. A Cluster part ("part") leaves the
--- quota rule to its caller, who sees every part.
-local enforce_over, quota_seen, quota_all_over = false, false, true
-for i = 1, #KEYS do
-  local role, over = items[i][2], items[i][4]
-  if role == '0' or role == '4' then
-    enforce_over = enforce_over or over
-  elseif role == '2' or role == '6' then
-    quota_seen, quota_all_over = true, quota_all_over and over
-  end
-end
-local applied = not enforce_over and not (whole and quota_seen and quota_all_over)
-reply[1] = applied and 1 or 0
-
--- Pass 2: count everything, or nothing, and report. Two phases, in request
--- order within each: first what stands whatever the request decides (refunds
--- and always-counted debits: role codes 3 and up), then the debits counted
--- only with an admitted request. Every store counts in this order, so a
--- counter shared by both kinds reports the same anywhere.
-for phase = 1, 2 do
-  for j = 1, nl do
-    local l = limits[j]
-    local st, item = l[2], l[1]
-    if (phase == 1) == (item[2] >= '3') then
-      local slot, hits, r = -1, item[3], j * 8 - 6
-      if item[2] == '3' then
-        reply[r + 1], reply[r + 2] = st[1]('give', st, l, hits), 0
-      elseif hits > 0 and (applied or item[2] >= '4') then
-        local until_ms
-        slot, until_ms = st[1]('add', st, l, hits)
-        if until_ms > st[2][5] then
-          st[2][5] = until_ms
-        end
-      end
-      reply[r + 5], reply[r + 7] = st[1]('report', st, l)
-      reply[r + 8] = slot
+      over = not alg('fits', st, l, hits)
     end
   end
-  -- "Before" values matter only for a Cluster part that may be refunded (it
-  -- then stands as after the first phase): a whole request reports "after".
-  if phase == 1 and not whole then
-    for j = 1, nl do
-      local l, r = limits[j], j * 8 - 6
-      if l[1][2] >= '3' then
-        reply[r + 4], reply[r + 6] = reply[r + 5], reply[r + 7]
-      else
-        reply[r + 4], reply[r + 6] = l[2][1]('report', l[2], l)
-      end
+
+  -- Admission (the general path's rule, for one item): refused when the
+  -- item is over and enforcing, or over and the only quota item of a whole
+  -- request.
+  local applied = not (over and (role == '0' or role == '4' or whole and (role == '2' or role == '6')))
+
+  -- Pass 2. "Before" is the counter as read, unless what the request did
+  -- stands whatever it decides (a refund, an always-counted debit: role
+  -- codes 3 and up), or the request is whole: then it is "after".
+  local reset_before, full_before
+  if not whole and role < '3' then
+    reset_before, full_before = alg('report', st, l)
+  end
+  local slot = -1
+  if role == '3' then
+    used = alg('give', st, l, hits)
+  elseif hits > 0 and (applied or role >= '4') then
+    local until_ms
+    slot, until_ms = alg('add', st, l, hits)
+    if until_ms > only[5] then
+      only[5] = until_ms
     end
   end
-end
-if whole then
-  for j = 1, nl do
-    local r = j * 8 - 6
-    reply[r + 4], reply[r + 6] = reply[r + 5], reply[r + 7]
+  local reset, full = alg('report', st, l)
+  if not reset_before then
+    reset_before, full_before = reset, full
   end
-end
-
--- Write: what a state kept back (a sliding log), then at most one HDEL,
--- one HSET and one PEXPIRE per key.
-for j = 1, nl do
-  local st = limits[j][2]
-  if st[6] == j and st[1] == sliding_log and st[14] then
+  reply = { applied and 1 or 0, now, used, 0, over and 1 or 0, reset_before, reset, full_before, full, slot }
+  if alg == sliding_log and st[14] then
     sliding_log('save', st)
   end
+else
+  -- Plan the reads: one state per distinct counter (a counter named twice,
+  -- by two limits with one window, is one state).
+  for j = 1, nl do
+    local l = limits[j]
+    local arg, k = l[5], l[1][1]
+    local code = ARGV[arg + 2]
+    local alg = code == '0' and sliding_window or code == '1' and fixed_window
+      or code == '2' and token_bucket or sliding_log
+    local f = alg('prefix', ARGV[arg + 1], ARGV[arg + 3])
+    local st
+    for i = 1, j - 1 do
+      local other = limits[i][2]
+      if other[2] == k and other[7] == f then
+        st = other
+        break
+      end
+    end
+    if not st then
+      st = alg('new', k, l, f)
+      st[6] = j
+    end
+    l[2] = st
+  end
+
+  -- Read: one HMGET per key; then every state takes its values and is
+  -- brought to now.
+  for i = 1, #KEYS do
+    local k = items[i][1]
+    if k[7] == i and k[2] > 1 then
+      local v = call('HMGET', k[1], unpack(k, 8, 7 + k[2]))
+      k[6] = v[1] -- parsed only if some counter needs the HASH to live longer
+      for j = 1, nl do
+        local st = limits[j][2]
+        if st[6] == j and st[2] == k then
+          st[4] = st[1]('load', st, nil, v)
+        end
+      end
+    end
+  end
+
+  -- Pass 1: check every limit as if every earlier limit of the request had
+  -- been counted (a request may name one counter twice). What each limit
+  -- reports goes straight into the reply: per limit, from r + 1, used,
+  -- pending, over, reset_before, reset_after, full_before, full_after, slot.
+  reply = nl == 1 and { 0, now, 0, 0, 0, 0, 0, 0, 0, 0 } or { 0, now }
+  for j = #reply + 1, 2 + 8 * nl do
+    reply[j] = 0 -- in order, so that the reply stays one array
+  end
+  for j = 1, nl do
+    local l, r = limits[j], j * 8 - 6
+    local st, item = l[2], l[1]
+    local used, over = st[4] or st[1]('used', st, l), false
+    reply[r + 1], reply[r + 2] = used, st[5]
+    if item[2] ~= '3' then -- a refund only gives back
+      local hits = st[5] + item[3]
+      if st[4] then
+        over = used + hits > l[3]
+      else
+        over = not st[1]('fits', st, l, hits)
+      end
+      st[5] = hits
+      item[4] = item[4] or over
+    end
+    reply[r + 3] = over and 1 or 0
+  end
+
+  -- Admission (Rust's limiter::admits): no enforcing item over, and not every
+  -- quota item over. Refunds take no part. A Cluster part ("part") leaves the
+  -- quota rule to its caller, who sees every part.
+  local enforce_over, quota_seen, quota_all_over = false, false, true
+  for i = 1, #KEYS do
+    local role, over = items[i][2], items[i][4]
+    if role == '0' or role == '4' then
+      enforce_over = enforce_over or over
+    elseif role == '2' or role == '6' then
+      quota_seen, quota_all_over = true, quota_all_over and over
+    end
+  end
+  local applied = not enforce_over and not (whole and quota_seen and quota_all_over)
+  reply[1] = applied and 1 or 0
+
+  -- Pass 2: count everything, or nothing, and report. Two phases, in request
+  -- order within each: first what stands whatever the request decides (refunds
+  -- and always-counted debits: role codes 3 and up), then the debits counted
+  -- only with an admitted request. Every store counts in this order, so a
+  -- counter shared by both kinds reports the same anywhere.
+  for phase = 1, 2 do
+    for j = 1, nl do
+      local l = limits[j]
+      local st, item = l[2], l[1]
+      if (phase == 1) == (item[2] >= '3') then
+        local slot, hits, r = -1, item[3], j * 8 - 6
+        if item[2] == '3' then
+          reply[r + 1], reply[r + 2] = st[1]('give', st, l, hits), 0
+        elseif hits > 0 and (applied or item[2] >= '4') then
+          local until_ms
+          slot, until_ms = st[1]('add', st, l, hits)
+          if until_ms > st[2][5] then
+            st[2][5] = until_ms
+          end
+        end
+        reply[r + 5], reply[r + 7] = st[1]('report', st, l)
+        reply[r + 8] = slot
+      end
+    end
+    -- "Before" values matter only for a Cluster part that may be refunded (it
+    -- then stands as after the first phase): a whole request reports "after".
+    if phase == 1 and not whole then
+      for j = 1, nl do
+        local l, r = limits[j], j * 8 - 6
+        if l[1][2] >= '3' then
+          reply[r + 4], reply[r + 6] = reply[r + 5], reply[r + 7]
+        else
+          reply[r + 4], reply[r + 6] = l[2][1]('report', l[2], l)
+        end
+      end
+    end
+  end
+  if whole then
+    for j = 1, nl do
+      local r = j * 8 - 6
+      reply[r + 4], reply[r + 6] = reply[r + 5], reply[r + 7]
+    end
+  end
+
+  -- What a state kept back until every operation was done (a sliding log).
+  for j = 1, nl do
+    local st = limits[j][2]
+    if st[6] == j and st[1] == sliding_log and st[14] then
+      sliding_log('save', st)
+    end
+  end
 end
+
+-- Write: at most one HDEL, one HSET and one PEXPIRE per key.
 for i = 1, #KEYS do
-  local k = items[i][1]
+  local k = only or items[i][1]
   if k[7] == i then -- once per key
     if k[4] then
       call('HDEL', k[1], unpack(k[4]))
     end
-    local extend = k[5] > 0 and k[5] > (tonumber(k[6]) or 0)
+    local extend = k[5] > 0 and k[5] > (k[6] or 0) + 0
     if extend then
       write(k, 'x', fmt('%d', k[5]))
     end

@@ -12,7 +12,8 @@ State slots from 8: D, the window of now, the stored window, its hits.
 local fixed_window
 fixed_window = uses_fixed and function(op, st, l, x)
   if op == 'load' then
-    st[10], st[11] = tonumber(x[st[3]]), tonumber(x[st[3] + 1]) or 0
+    local w = x[st[3]]
+    st[10], st[11] = w and w + 0, (x[st[3] + 1] or 0) + 0
     if st[10] ~= st[9] then
       st[11] = 0
     end

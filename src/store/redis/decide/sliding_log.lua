@@ -18,7 +18,7 @@ sliding_log = uses_log and function(op, st, l, x)
     if raw then
       local start, times, hits, total = now - st[8], st[11], st[12], 0
       for t, h in string.gmatch(raw, '(%d+):(%d+)') do
-        t, h = tonumber(t), tonumber(h)
+        t, h = t + 0, h + 0
         if t > start then
           times[#times + 1], hits[#hits + 1] = t, h
           total = total + h

@@ -28,23 +28,28 @@ sliding_window = uses_sliding and function(op, st, l, x)
     return t
   elseif op == 'load' then
     local i, oldest = st[3], st[10]
-    local t, o = tonumber(x[i]) or 0, tonumber(x[i + 1])
-    st[12], st[13], st[14] = t, o, tonumber(x[i + 2])
-    st[15], st[16] = tonumber(x[i + 3]), tonumber(x[i + 4])
+    -- A missing field is false; the others are parsed by arithmetic (see
+    -- prelude.lua).
+    local t, o, n = (x[i] or 0) + 0, x[i + 1], x[i + 2]
+    local c_oldest, c_cur = x[i + 3], x[i + 4]
+    o, n = o and o + 0, n and n + 0
+    st[12], st[13], st[14] = t, o, n
+    st[15], st[16] = c_oldest and c_oldest + 0, c_cur and c_cur + 0
     if t > 0 and o < oldest then
       -- Buckets o..n, some of which left the window: read the span once (at
       -- most one bucket per bucket of the window since the previous call),
       -- take the old ones off the total and delete them.
-      local k, f, n = st[2], st[7], st[14]
+      local k, f = st[2], st[7]
       local names = {}
       for b = o, n do
-        names[b - o + 1] = fmt('%s%d', f, b)
+        names[b - o + 1] = f .. fmt('%d', b)
       end
       local counts = redis.call('HMGET', k[1], unpack(names))
       local del, first = k[4] or {}, nil
       k[4] = del
       for j = 1, #names do
-        local c = tonumber(counts[j])
+        local c = counts[j]
+        c = c and c + 0
         if c then
           if o + j - 1 < oldest or (c == 0 and not first) then
             -- Gone from the window, or emptied by a refund.
@@ -98,7 +103,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     else
       c = (sliding_window('bucket', st, nil, b) or 0) + hits
       sliding_window('put', st, c, b)
-      write(k, fmt('%s%d', st[7], b), fmt('%d', c))
+      write(k, st[7] .. fmt('%d', b), fmt('%d', c))
       write(k, k[at], fmt('%d', t + hits))
     end
     -- The markers are written only when they change; so is the HASH's
@@ -154,11 +159,11 @@ sliding_window = uses_sliding and function(op, st, l, x)
     return reset, 0
   elseif op == 'new' then
     local k, d = st, l[4]
-    local p = tonumber(ARGV[l[5] + 3])
+    local p = ARGV[l[5] + 3] + 0
     local oldest, cur = math.floor((now - d) / p), math.floor(now / p)
     local n = k[2]
     k[8 + n], k[9 + n], k[10 + n] = x .. 't', x .. 'o', x .. 'n'
-    k[11 + n], k[12 + n] = fmt('%s%d', x, oldest), fmt('%s%d', x, cur)
+    k[11 + n], k[12 + n] = x .. fmt('%d', oldest), x .. fmt('%d', cur)
     k[2] = n + 5
     return { sliding_window, k, n + 1, 0, 0, 0, x, d, p, oldest, cur, 0, false, false, false, false }
   elseif op == 'prefix' then
@@ -174,7 +179,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
         -- Written even when 0 (deletes run before writes and could undo
         -- an earlier write of this request); an empty bucket counts nothing.
         sliding_window('put', st, c, b)
-        write(k, fmt('%s%d', f, b), fmt('%d', c))
+        write(k, f .. fmt('%d', b), fmt('%d', c))
       end
       b = b - 1
     end
@@ -195,7 +200,8 @@ sliding_window = uses_sliding and function(op, st, l, x)
     end
     local c = more[x]
     if c == nil then
-      c = tonumber(redis.call('HGET', st[2][1], fmt('%s%d', st[7], x))) or false
+      c = redis.call('HGET', st[2][1], st[7] .. fmt('%d', x))
+      c = c and c + 0
       more[x] = c
     end
     return c or nil

@@ -105,13 +105,13 @@ token_bucket = uses_bucket and function(op, st, l, x)
     end
     return reset, reset
   elseif op == 'load' then
-    st[9], st[10] = tonumber(x[st[3]]) or 0, tonumber(x[st[3] + 1]) or 0
+    st[9], st[10] = (x[st[3]] or 0) + 0, (x[st[3] + 1] or 0) + 0
     return nil -- in use: per limit, see 'used'
   elseif op == 'new' then
     local k, n = st, st[2]
     k[8 + n], k[9 + n] = x .. 'a', x .. 'r'
     k[2] = n + 2
-    return { token_bucket, k, n + 1, 0, 0, 0, x, tonumber(ARGV[l[5] + 3]), 0, 0 }
+    return { token_bucket, k, n + 1, 0, 0, 0, x, ARGV[l[5] + 3] + 0, 0, 0 }
   elseif op == 'prefix' then
     return st .. ':b' .. l .. ':'
   end
