@@ -4,17 +4,18 @@ decide admission (Rust's limiter::admits), count or not and report (pass
 and the records in prelude.lua).
 
 A request of one key with one limit (every descriptor with one limit, the
-default's shape) takes the single path: the same steps for one item and one
-limit, without the item and limit records and the loops over them, which
-cost more than the limit's own arithmetic (callgrind: 126,000 -> 108,000
-instructions for the default sliding window). It writes the admission rule
-for one item; the general path's is the rule, and the two must agree.
+default's shape) takes the single path through the reads and both passes:
+the same steps for one item and one limit, without the limit records and
+the loops over them, which cost more than the limit's own arithmetic
+(callgrind: 126,000 -> 108,000 instructions for the default sliding
+window). Admission and the writes are one code for both paths.
 ]]
 
 -- The reply: applied, now, then per limit from r + 1 (r = 8j - 6): used,
 -- pending, over, reset_before, reset_after, full_before, full_after, slot.
--- `only` is the single path's key record.
-local reply, only
+-- `only` is the single path's key record; `one_*` its algorithm, state,
+-- limit and use between the passes.
+local reply, only, one_alg, one_st, one_l, one_used
 if single then
   local role, hits, code = ARGV[3], ARGV[4] + 0, ARGV[8]
   local alg = code == '0' and sliding_window or code == '1' and fixed_window
@@ -38,36 +39,9 @@ if single then
     end
   end
 
-  -- Admission (the general path's rule, for one item): refused when the
-  -- item is over and enforcing, or over and the only quota item of a whole
-  -- request.
-  local applied = not (over and (role == '0' or role == '4' or whole and (role == '2' or role == '6')))
-
-  -- Pass 2. "Before" is the counter as read, unless what the request did
-  -- stands whatever it decides (a refund, an always-counted debit: role
-  -- codes 3 and up), or the request is whole: then it is "after".
-  local reset_before, full_before
-  if not whole and role < '3' then
-    reset_before, full_before = alg('report', st, l)
-  end
-  local slot = -1
-  if role == '3' then
-    used = alg('give', st, l, hits)
-  elseif hits > 0 and (applied or role >= '4') then
-    local until_ms
-    slot, until_ms = alg('add', st, l, hits)
-    if until_ms > only[5] then
-      only[5] = until_ms
-    end
-  end
-  local reset, full = alg('report', st, l)
-  if not reset_before then
-    reset_before, full_before = reset, full
-  end
-  reply = { applied and 1 or 0, now, used, 0, over and 1 or 0, reset_before, reset, full_before, full, slot }
-  if alg == sliding_log and st[14] then
-    sliding_log('save', st)
-  end
+  -- The one item, as admission and the writes read it.
+  items = { { only, role, hits, over } }
+  one_alg, one_st, one_l, one_used = alg, st, l, used
 else
   -- Plan the reads: one state per distinct counter (a counter named twice,
   -- by two limits with one window, is one state).
@@ -134,22 +108,54 @@ else
     end
     reply[r + 3] = over and 1 or 0
   end
+end
 
-  -- Admission (Rust's limiter::admits): no enforcing item over, and not every
-  -- quota item over. Refunds take no part. A Cluster part ("part") leaves the
-  -- quota rule to its caller, who sees every part.
-  local enforce_over, quota_seen, quota_all_over = false, false, true
-  for i = 1, #KEYS do
-    local role, over = items[i][2], items[i][4]
-    if role == '0' or role == '4' then
-      enforce_over = enforce_over or over
-    elseif role == '2' or role == '6' then
-      quota_seen, quota_all_over = true, quota_all_over and over
+-- Admission, the one place this script writes the rule (Rust's
+-- limiter::admits): no enforcing item over, and not every quota item over.
+-- Refunds take no part. A Cluster part ("part") leaves the quota rule to
+-- its caller, who sees every part.
+local enforce_over, quota_seen, quota_all_over = false, false, true
+for i = 1, #KEYS do
+  local role, over = items[i][2], items[i][4]
+  if role == '0' or role == '4' then
+    enforce_over = enforce_over or over
+  elseif role == '2' or role == '6' then
+    quota_seen, quota_all_over = true, quota_all_over and over
+  end
+end
+local applied = not enforce_over and not (whole and quota_seen and quota_all_over)
+
+-- Pass 2 and the reply.
+if single then
+  local role, hits, over = items[1][2], items[1][3], items[1][4]
+  local alg, st, l, used = one_alg, one_st, one_l, one_used
+  -- "Before" is the counter as read, unless what the request did stands
+  -- whatever it decides (a refund, an always-counted debit: role codes 3
+  -- and up), or the request is whole: then it is "after".
+  local reset_before, full_before
+  if not whole and role < '3' then
+    reset_before, full_before = alg('report', st, l)
+  end
+  local slot = -1
+  if role == '3' then
+    used = alg('give', st, l, hits)
+  elseif hits > 0 and (applied or role >= '4') then
+    local until_ms
+    slot, until_ms = alg('add', st, l, hits)
+    if until_ms > only[5] then
+      only[5] = until_ms
     end
   end
-  local applied = not enforce_over and not (whole and quota_seen and quota_all_over)
+  local reset, full = alg('report', st, l)
+  if not reset_before then
+    reset_before, full_before = reset, full
+  end
+  reply = { applied and 1 or 0, now, used, 0, over and 1 or 0, reset_before, reset, full_before, full, slot }
+  if alg == sliding_log and st[14] then
+    sliding_log('save', st)
+  end
+else
   reply[1] = applied and 1 or 0
-
   -- Pass 2: count everything, or nothing, and report. Two phases, in request
   -- order within each: first what stands whatever the request decides (refunds
   -- and always-counted debits: role codes 3 and up), then the debits counted
@@ -205,7 +211,7 @@ end
 
 -- Write: at most one HDEL, one HSET and one PEXPIRE per key.
 for i = 1, #KEYS do
-  local k = only or items[i][1]
+  local k = items[i][1]
   if k[7] == i then -- once per key
     if k[4] then
       call('HDEL', k[1], unpack(k[4]))
