@@ -191,8 +191,8 @@ settings! {
     redis_url: Option<RedisUrl> = None, flag String, "URL", upstream "REDIS_URL";
     "Redis password (AUTH, or the password of the user named in the URL); replaces any password in the URL. Prefer SLUICE_REDIS_PASSWORD: a flag shows in the process list"
     redis_password: Option<Secret> = None, flag String, "PASSWORD", upstream "REDIS_AUTH";
-    "Redis connections, used round-robin"
-    redis_pool_size: usize = 4, flag usize, "N", upstream "REDIS_POOL_SIZE";
+    "Redis connections per node, used round-robin; each carries many calls at once"
+    redis_pool_size: usize = 1, flag usize, "N", upstream "REDIS_POOL_SIZE";
     "Longest wait for Redis per decision, in milliseconds; past it the request fails UNAVAILABLE (what it counted after all is refunded)"
     redis_timeout_ms: u64 = 40, flag u64, "MS", upstream "REDIS_TIMEOUT";
     "Prefix of every Redis key"
@@ -1100,7 +1100,7 @@ mod declaration_tests {
         assert_eq!(s.debug_addr, Some(SocketAddr::from(([0, 0, 0, 0], 6070))));
         assert_eq!(s.counting, Counting::Always);
         assert_eq!(s.redis_timeout_ms, 90_000);
-        assert_eq!(s.redis_pool_size, 10);
+        assert_eq!(s.redis_pool_size, 1);
         assert_eq!(s.log_level, "info");
         assert!(s.shadow_mode);
         assert_eq!(s.statsd_addr, None);

@@ -538,10 +538,12 @@ pub fn layer(env: &Map<String, String>) -> Result<Layer, UpstreamError> {
         r.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)?
             .to_string(),
     );
-    set(
-        "redis_pool_size",
-        r.u64("REDIS_POOL_SIZE")?.unwrap_or(10).max(1).to_string(),
-    );
+    // Upstream's 10 is its pool of connections one command at a time
+    // each; Sluice's connections each carry many calls at once, and fewer
+    // carry them cheaper (BENCHMARKS.md), so only a value set here counts.
+    if let Some(size) = r.u64("REDIS_POOL_SIZE")? {
+        set("redis_pool_size", size.max(1).to_string());
+    }
     set(
         "redis_timeout_ms",
         r.duration_ms("REDIS_TIMEOUT", 10_000)?.to_string(),
@@ -768,7 +770,7 @@ mod tests {
         assert_eq!(l.get("counting"), Some("always"));
         assert_eq!(l.get("statsd_addr"), Some("localhost:8125"));
         assert_eq!(l.get("log_level"), Some("warn"));
-        assert_eq!(l.get("redis_pool_size"), Some("10"));
+        assert_eq!(l.get("redis_pool_size"), None, "Sluice's own default");
         assert_eq!(l.get("redis_timeout_ms"), Some("10000"));
         assert_eq!(l.get("local_cache_size"), Some("0"));
         assert_eq!(l.get("max_connection_age_ms"), Some("86400000"));
