@@ -23,6 +23,7 @@ mod grpc;
 mod health;
 mod http;
 mod rls;
+mod streams;
 mod tls;
 
 pub use conn::ConnLimits;
@@ -252,7 +253,6 @@ pub async fn run_with<S: CounterStore>(
     let (rlqs, rlqs_admin) = crate::rlqs::serve(&limiter, closing.clone());
     let routes = routes.add_service(rlqs);
     let invalid = Arc::new(metrics.invalid_request_counters());
-    let http2 = grpc::http2_builder(&options.grpc);
     let grpc = conn::accept(
         listeners.grpc,
         conn::Listener {
@@ -277,7 +277,7 @@ pub async fn run_with<S: CounterStore>(
                 activity,
             );
             let acceptor = tls.as_ref().map(|tls| tls.acceptor());
-            grpc::AnyGrpcConnection::new(acceptor, &http2, io, requests)
+            grpc::AnyGrpcConnection::new(acceptor, &options.grpc, io, requests)
         },
     );
     let admin_options = crate::admin::AdminOptions {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tonic::body::Body;
@@ -22,6 +22,7 @@ use tonic::service::Routes;
 
 use super::conn::{Activity, CountedBody, Served, Tracked};
 use super::rls::{self, RlsService};
+use super::streams::{Running, Streams};
 use crate::proto as pb;
 use crate::telemetry::metrics::InvalidRequestCounters;
 
@@ -74,9 +75,9 @@ const DECODE_ERRORS: [&[u8]; 4] = [
 /// tonic's message for a message over the size cap (OUT_OF_RANGE).
 const TOO_LARGE: &[u8] = b"Error, decoded message length too large";
 
-/// The HTTP/2 settings of every gRPC connection.
-pub(crate) fn http2_builder(limits: &GrpcLimits) -> http2::Builder<TokioExecutor> {
-    let mut builder = http2::Builder::new(TokioExecutor::new());
+/// The HTTP/2 settings of a gRPC connection whose streams `streams` runs.
+fn http2_builder(limits: &GrpcLimits, streams: Streams) -> http2::Builder<Streams> {
+    let mut builder = http2::Builder::new(streams);
     builder
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_concurrent_streams)
@@ -89,8 +90,7 @@ pub(crate) fn http2_builder(limits: &GrpcLimits) -> http2::Builder<TokioExecutor
 }
 
 /// One gRPC connection being served over `T` (a TCP or TLS stream).
-pub(crate) type GrpcConnection<T> =
-    http2::Connection<TokioIo<Tracked<T>>, GrpcRequests, TokioExecutor>;
+pub(crate) type GrpcConnection<T> = http2::Connection<TokioIo<Tracked<T>>, GrpcRequests, Streams>;
 
 impl<T> Served for GrpcConnection<T>
 where
@@ -103,7 +103,7 @@ where
 
 /// Serves `io` with `requests`.
 pub(crate) fn serve<T>(
-    builder: &http2::Builder<TokioExecutor>,
+    builder: &http2::Builder<Streams>,
     io: Tracked<T>,
     requests: GrpcRequests,
 ) -> GrpcConnection<T>
@@ -122,7 +122,7 @@ pub(crate) struct TlsGrpcConnection {
 enum TlsState {
     Handshake {
         accept: Pin<Box<tokio_rustls::Accept<TcpStream>>>,
-        builder: http2::Builder<TokioExecutor>,
+        builder: http2::Builder<Streams>,
         requests: GrpcRequests,
     },
     Serving(Pin<Box<GrpcConnection<tokio_rustls::server::TlsStream<TcpStream>>>>),
@@ -133,14 +133,14 @@ impl TlsGrpcConnection {
     /// Starts the TLS handshake on `tcp`, to serve `requests` after it.
     pub(crate) fn new(
         acceptor: &tokio_rustls::TlsAcceptor,
-        builder: &http2::Builder<TokioExecutor>,
+        builder: http2::Builder<Streams>,
         tcp: TcpStream,
         requests: GrpcRequests,
     ) -> Self {
         Self {
             state: TlsState::Handshake {
                 accept: Box::pin(acceptor.accept(tcp)),
-                builder: builder.clone(),
+                builder,
                 requests,
             },
         }
@@ -190,26 +190,41 @@ impl Served for TlsGrpcConnection {
     }
 }
 
-/// A gRPC connection of either kind, as one listener serves one kind.
-pub(crate) enum AnyGrpcConnection {
+/// A gRPC connection of either kind (one listener serves one kind), and
+/// its streams, which run in its task (see `streams.rs`).
+pub(crate) struct AnyGrpcConnection {
+    connection: Either,
+    streams: Running,
+}
+
+enum Either {
     Plain(Pin<Box<GrpcConnection<TcpStream>>>),
     Tls(TlsGrpcConnection),
 }
 
 impl AnyGrpcConnection {
-    /// Serves `tcp`: over TLS when the listener has an acceptor.
+    /// Serves `tcp` under `limits`: over TLS when the listener has an
+    /// acceptor.
     pub(crate) fn new(
         tls: Option<tokio_rustls::TlsAcceptor>,
-        builder: &http2::Builder<TokioExecutor>,
+        limits: &GrpcLimits,
         tcp: TcpStream,
         requests: GrpcRequests,
     ) -> Self {
-        match tls {
-            Some(acceptor) => Self::Tls(TlsGrpcConnection::new(&acceptor, builder, tcp, requests)),
+        let streams = Running::default();
+        let builder = http2_builder(limits, streams.executor());
+        let connection = match tls {
+            Some(acceptor) => {
+                Either::Tls(TlsGrpcConnection::new(&acceptor, builder, tcp, requests))
+            }
             None => {
                 let io = Tracked::new(tcp, requests.activity.clone());
-                Self::Plain(Box::pin(serve(builder, io, requests)))
+                Either::Plain(Box::pin(serve(&builder, io, requests)))
             }
+        };
+        Self {
+            connection,
+            streams,
         }
     }
 }
@@ -218,18 +233,22 @@ impl Future for AnyGrpcConnection {
     type Output = Result<(), hyper::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            Self::Plain(connection) => connection.as_mut().poll(cx),
-            Self::Tls(connection) => Pin::new(connection).poll(cx),
-        }
+        let Self {
+            connection,
+            streams,
+        } = self.get_mut();
+        streams.drive(cx, |cx| match connection {
+            Either::Plain(connection) => connection.as_mut().poll(cx),
+            Either::Tls(connection) => Pin::new(&mut *connection).poll(cx),
+        })
     }
 }
 
 impl Served for AnyGrpcConnection {
     fn shut_down_gracefully(self: Pin<&mut Self>) {
-        match self.get_mut() {
-            Self::Plain(connection) => connection.as_mut().graceful_shutdown(),
-            Self::Tls(connection) => Pin::new(connection).shut_down_gracefully(),
+        match &mut self.get_mut().connection {
+            Either::Plain(connection) => connection.as_mut().graceful_shutdown(),
+            Either::Tls(connection) => Pin::new(connection).shut_down_gracefully(),
         }
     }
 }
