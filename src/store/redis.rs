@@ -190,7 +190,8 @@ impl ScriptRunner {
         key: String,
         args: Vec<String>,
     ) -> Result<Vec<i64>, StoreError> {
-        let mut eval = Eval::new(&script.0, &[key]);
+        let slot = self.shared.slot(Target::Main, &key);
+        let mut eval = Eval::new(&script.0, &[key], slot);
         eval.cmd.arg(args);
         self.shared
             .clone()
@@ -278,7 +279,7 @@ impl RedisStore {
     /// (see the module docs).
     async fn decide_part(
         &self,
-        target: Target,
+        (target, slot): (Target, u16),
         batch: &Batch,
         items: &[usize],
         keys: &[String],
@@ -286,7 +287,7 @@ impl RedisStore {
         now: Option<i64>,
     ) -> Result<Vec<i64>, StoreError> {
         let part_keys: Vec<&str> = items.iter().map(|&i| keys[i].as_str()).collect();
-        let mut eval = Eval::new(&self.shared.decide, &part_keys);
+        let mut eval = Eval::new(&self.shared.decide, &part_keys, slot);
         let args = &mut eval.cmd;
         match now {
             Some(now) => args.arg(now),
@@ -315,7 +316,7 @@ impl RedisStore {
                 .iter()
                 .map(|&i| batch.items[i].limits.len())
                 .sum::<usize>();
-        let (slot, started) = (eval.slot, self.shared.clock.now());
+        let started = self.shared.clock.now();
         let abandoned = Arc::new(AtomicBool::new(false));
         // Run in the caller's task; boxed, so that it can move to a task of
         // its own past the timeout. (A caller that goes away, its gRPC
@@ -422,6 +423,15 @@ impl Shared {
             Target::PerSecond
         } else {
             Target::Main
+        }
+    }
+
+    /// The Cluster slot of `key` in `target`'s Redis; 0 where that is not
+    /// a Cluster (nothing routes by it there).
+    fn slot(&self, target: Target, key: &str) -> u16 {
+        match self.route(target) {
+            Route::Cluster(_) => cluster::slot(key.as_bytes()),
+            Route::Single(_) => 0,
         }
     }
 
@@ -545,7 +555,7 @@ impl Shared {
         type Place = (Target, u16);
         let mut by_slot: Vec<(Place, Vec<String>, Vec<i64>)> = Vec::new();
         for (owed, answers) in parts {
-            let place = (owed.target, cluster::slot(owed.key.as_bytes()));
+            let place = (owed.target, self.slot(owed.target, &owed.key));
             let group = match by_slot.iter().position(|(p, _, _)| *p == place) {
                 Some(g) => g,
                 None => {
@@ -561,8 +571,8 @@ impl Shared {
                 args.extend([answer.slot, hits(owed.hits)]);
             }
         }
-        let calls = by_slot.into_iter().map(|((target, _), keys, args)| {
-            let mut eval = Eval::new(&self.refund, &keys);
+        let calls = by_slot.into_iter().map(|((target, slot), keys, args)| {
+            let mut eval = Eval::new(&self.refund, &keys, slot);
             eval.cmd.arg(args);
             tokio::time::timeout(timeout, self.clone().send(target, eval, Guard::Bypass))
         });
@@ -668,10 +678,11 @@ impl CounterStore for RedisStore {
     /// it (the windows share that HASH).
     async fn reset(&self, identity: &Identity, windows: &[Window]) -> Result<(), StoreError> {
         let key = identity.storage_key(&self.prefix);
-        let eval = Eval::new(&Script::new(RESET), &[key]);
+        let target = self.shared.target(windows.iter());
+        let eval = Eval::new(&Script::new(RESET), &[&key], self.shared.slot(target, &key));
         self.shared
             .clone()
-            .send(self.shared.target(windows.iter()), eval, Guard::Breaker)
+            .send(target, eval, Guard::Breaker)
             .await
             .map(drop)
     }
@@ -696,21 +707,17 @@ impl CounterStore for RedisStore {
         // counter lives in one Redis that is not a cluster.
         let mut groups: Vec<((Target, u16), Vec<usize>)> = Vec::new();
         for (i, (key, &target)) in keys.iter().zip(&targets).enumerate() {
-            let slot = if matches!(self.shared.route(target), Route::Cluster(_)) {
-                cluster::slot(key.as_bytes())
-            } else {
-                0
-            };
+            let slot = self.shared.slot(target, key);
             match groups.iter_mut().find(|(p, _)| *p == (target, slot)) {
                 Some((_, members)) => members.push(i),
                 None => groups.push(((target, slot), vec![i])),
             }
         }
         if groups.len() <= 1 {
-            let target = groups.first().map_or(Target::Main, |((t, _), _)| *t);
+            let place = groups.first().map_or((Target::Main, 0), |(p, _)| *p);
             let all: Vec<usize> = (0..batch.items.len()).collect();
             let reply = self
-                .decide_part(target, batch, &all, &keys, true, now)
+                .decide_part(place, batch, &all, &keys, true, now)
                 .await?;
             let admitted = reply[0] == 1;
             let mut answers = answers(&reply);
@@ -724,9 +731,11 @@ impl CounterStore for RedisStore {
             return Ok(BatchOutcome { admitted, limits });
         }
 
-        let replies = join_all(groups.iter().map(|((target, _), items)| {
-            self.decide_part(*target, batch, items, &keys, false, now)
-        }))
+        let replies = join_all(
+            groups
+                .iter()
+                .map(|(place, items)| self.decide_part(*place, batch, items, &keys, false, now)),
+        )
         .await;
         // Each item's limit outcomes and the slots its hits went to, and
         // whether its group counted it. A group that timed out is

@@ -99,15 +99,16 @@ impl Script {
 /// `EVALSHA sha1 #keys keys… args…`.
 pub(super) struct Eval {
     pub(super) script: Script,
-    /// The slot of its keys (all in one; 0 for none).
+    /// The Cluster slot of its keys (all in one; 0 off a Cluster).
     pub(super) slot: u16,
     /// The command; its arguments are appended by the caller.
     pub(super) cmd: Cmd,
 }
 
 impl Eval {
-    /// A call of `script` on `keys`, without arguments yet.
-    pub(super) fn new<K: AsRef<str>>(script: &Script, keys: &[K]) -> Eval {
+    /// A call of `script` on `keys`, which live in `slot`, without
+    /// arguments yet.
+    pub(super) fn new<K: AsRef<str>>(script: &Script, keys: &[K], slot: u16) -> Eval {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&*script.sha1).arg(keys.len());
         for key in keys {
@@ -115,9 +116,7 @@ impl Eval {
         }
         Eval {
             script: script.clone(),
-            slot: keys
-                .first()
-                .map_or(0, |k| super::cluster::slot(k.as_ref().as_bytes())),
+            slot,
             cmd,
         }
     }
