@@ -108,18 +108,27 @@ mod tests {
         }
     }
 
+    /// Drives `running` once with `connection`, with a waker that counts
+    /// its wakes: the outcome and how often the task woke itself.
+    fn drive_once<T>(
+        running: &mut Running,
+        connection: impl FnMut(&mut Context<'_>) -> Poll<T>,
+    ) -> (Poll<T>, usize) {
+        let wakes = Arc::new(CountWakes(AtomicUsize::new(0)));
+        let waker = Waker::from(wakes.clone());
+        let outcome = running.drive(&mut Context::from_waker(&waker), connection);
+        (outcome, wakes.0.load(Ordering::SeqCst))
+    }
+
     #[test]
     fn streams_run_in_the_connections_poll_and_their_answers_go_out_in_it() {
         let mut running = Running::default();
         let executor = running.executor();
         let answered = Arc::new(AtomicBool::new(false));
         let mut polls = 0;
-        let wakes = Arc::new(CountWakes(AtomicUsize::new(0)));
-        let waker = Waker::from(wakes.clone());
-        let mut cx = Context::from_waker(&waker);
         // The connection accepts a stream on its first poll, and is done
         // once it sees that stream's answer.
-        let outcome = running.drive(&mut cx, |_| {
+        let (outcome, wakes) = drive_once(&mut running, |_| {
             polls += 1;
             if answered.load(Ordering::SeqCst) {
                 return Poll::Ready("written");
@@ -132,39 +141,32 @@ mod tests {
         });
         assert_eq!(outcome, Poll::Ready("written"));
         assert_eq!(polls, 2, "one poll to accept, one to write the answer");
-        assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
+        assert_eq!(wakes, 0);
     }
 
     #[test]
     fn a_connection_that_never_rests_yields_its_thread() {
         let mut running = Running::default();
         let executor = running.executor();
-        let wakes = Arc::new(CountWakes(AtomicUsize::new(0)));
-        let waker = Waker::from(wakes.clone());
-        let mut cx = Context::from_waker(&waker);
         let mut polls = 0;
-        let outcome: Poll<()> = running.drive(&mut cx, |_| {
+        let (outcome, wakes) = drive_once(&mut running, |_| -> Poll<()> {
             polls += 1;
             executor.execute(async {});
             Poll::Pending
         });
         assert_eq!(outcome, Poll::Pending);
         assert_eq!(polls, TURNS);
-        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "woken to go on later");
+        assert_eq!(wakes, 1, "woken to go on later");
     }
 
     #[test]
     fn an_idle_connection_waits_without_waking_itself() {
         let mut running = Running::default();
-        let wakes = Arc::new(CountWakes(AtomicUsize::new(0)));
-        let waker = Waker::from(wakes.clone());
-        let mut cx = Context::from_waker(&waker);
         let mut polls = 0;
-        let outcome: Poll<()> = running.drive(&mut cx, |_| {
+        let (outcome, wakes) = drive_once(&mut running, |_| -> Poll<()> {
             polls += 1;
             Poll::Pending
         });
-        assert_eq!((outcome, polls), (Poll::Pending, 1));
-        assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
+        assert_eq!((outcome, polls, wakes), (Poll::Pending, 1, 0));
     }
 }
