@@ -375,6 +375,13 @@ async fn a_sentinel_that_knows_no_such_service_fails_calls_unavailable() {
         .await
         .expect_err("no primary to ask");
     assert!(matches!(error, StoreError::Unavailable(_)), "{error}");
+    // The error says why, for whoever reads the log.
+    assert!(
+        error
+            .to_string()
+            .contains("knows no service 'nosuchservice'"),
+        "{error}"
+    );
     assert!(!store.is_ready());
 }
 

@@ -138,9 +138,10 @@ pub(super) struct Node {
     next: AtomicUsize,
     /// This node's breaker: a dead node fails fast without failing others.
     pub(super) circuit: Circuit,
-    /// Redis's words when it refused our credentials, until a connection
-    /// succeeds again (written by the lines' tasks).
-    auth_refused: Arc<Mutex<Option<String>>>,
+    /// Why the last connection attempt failed (Redis refusing our
+    /// credentials, or not reachable), until one succeeds again; written by
+    /// the lines' tasks, read to say why a call cannot be made.
+    last_failure: Arc<Mutex<Option<DialError>>>,
     created: Instant,
 }
 
@@ -148,7 +149,7 @@ impl Node {
     /// A node at `place` with `size` connections, connecting in the
     /// background.
     pub(super) fn new(name: NodeName, dialer: Arc<Dialer>, place: Place, size: usize) -> Node {
-        let auth_refused = Arc::new(Mutex::new(None));
+        let last_failure = Arc::new(Mutex::new(None));
         let lines: Vec<Arc<Line>> = (0..size.max(1)).map(|_| Arc::default()).collect();
         let keepers = lines
             .iter()
@@ -158,7 +159,7 @@ impl Node {
                     dialer: dialer.clone(),
                     place: place.clone(),
                     name: name.clone(),
-                    auth_refused: auth_refused.clone(),
+                    last_failure: last_failure.clone(),
                 };
                 tokio::spawn(keeper.run()).abort_handle()
             })
@@ -169,7 +170,7 @@ impl Node {
             keepers,
             next: AtomicUsize::new(0),
             circuit: Circuit::default(),
-            auth_refused,
+            last_failure,
             created: Instant::now(),
         }
     }
@@ -191,7 +192,8 @@ impl Node {
             if self.is_connected() {
                 return true;
             }
-            if self.auth_refused.lock().is_some() || Instant::now() >= deadline {
+            let refused = matches!(*self.last_failure.lock(), Some(DialError::Refused(_)));
+            if refused || Instant::now() >= deadline {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -209,8 +211,12 @@ impl Node {
 
     /// Why this node cannot take a call now.
     pub(super) fn down(&self) -> StoreError {
-        match self.auth_refused.lock().as_deref() {
-            Some(why) => auth_failed(&self.name, why),
+        match &*self.last_failure.lock() {
+            Some(DialError::Refused(why)) => auth_failed(&self.name, why),
+            Some(DialError::Failed(why)) => StoreError::Unavailable(format!(
+                "Redis at {} is not connected (last attempt: {why})",
+                self.name
+            )),
             None => StoreError::Unavailable(format!("Redis at {} is not connected", self.name)),
         }
     }
@@ -288,7 +294,7 @@ struct Keeper {
     dialer: Arc<Dialer>,
     place: Place,
     name: NodeName,
-    auth_refused: Arc<Mutex<Option<String>>>,
+    last_failure: Arc<Mutex<Option<DialError>>>,
 }
 
 impl Keeper {
@@ -297,7 +303,7 @@ impl Keeper {
         loop {
             match self.dialer.connect(&self.place).await {
                 Ok((conn, traffic)) => {
-                    *self.auth_refused.lock() = None;
+                    *self.last_failure.lock() = None;
                     *self.line.write() = Some(conn);
                     // Aborted with this task (`quit`), so the socket closes.
                     let traffic = AbortOnDrop(traffic);
@@ -306,9 +312,11 @@ impl Keeper {
                     tracing::warn!(node = %self.name, "Redis connection lost; reconnecting");
                     pause = Duration::ZERO;
                 }
-                Err(DialError::Refused(why)) => *self.auth_refused.lock() = Some(why),
-                Err(DialError::Failed(why)) => {
-                    tracing::debug!(node = %self.name, error = %why, "no Redis connection yet");
+                Err(failure) => {
+                    if let DialError::Failed(why) = &failure {
+                        tracing::debug!(node = %self.name, error = %why, "no Redis connection yet");
+                    }
+                    *self.last_failure.lock() = Some(failure);
                 }
             }
             tokio::time::sleep(pause).await;
