@@ -37,6 +37,9 @@ use std::time::{Duration, Instant};
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new cluster may take to reach `cluster_state:ok` everywhere.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a manual failover is given before it is asked for again
+/// (Redis gives up on one after 5 s).
+const MANUAL_FAILOVER_WAIT: Duration = Duration::from_secs(6);
 /// Fresh ports tried when a port turns out to be taken by someone else.
 const PORT_ATTEMPTS: usize = 20;
 /// Number of hash slots in Redis Cluster.
@@ -910,10 +913,31 @@ impl RedisCluster {
 
     /// Promotes the replica on `replica_port` with `CLUSTER FAILOVER` (the
     /// coordinated, manual kind) and waits until it is a master and the
-    /// cluster is healthy.
+    /// cluster is healthy. Redis abandons a manual failover that has not
+    /// finished in 5 s (on a loaded machine the vote can take longer), so
+    /// one that has not promoted the replica after [`MANUAL_FAILOVER_WAIT`]
+    /// is asked for again, until [`CLUSTER_TIMEOUT`].
     pub fn failover(&self, replica_port: u16) {
-        expect_ok(replica_port, &["CLUSTER", "FAILOVER"]);
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            expect_ok(replica_port, &["CLUSTER", "FAILOVER"]);
+            let asked = Instant::now();
+            while asked.elapsed() < MANUAL_FAILOVER_WAIT && !self.is_master(replica_port) {
+                thread::sleep(Duration::from_millis(20));
+            }
+            if self.is_master(replica_port) || Instant::now() >= deadline {
+                break;
+            }
+        }
         self.wait_master(replica_port);
+    }
+
+    /// Whether the node on `port` says it is a master.
+    fn is_master(&self, port: u16) -> bool {
+        query(port, &["ROLE"])
+            .items()
+            .first()
+            .is_some_and(|r| r.to_string() == "master")
     }
 
     /// Waits (up to 20 s) until the node on `port` is a master owning slots
@@ -921,15 +945,11 @@ impl RedisCluster {
     pub fn wait_master(&self, port: u16) {
         let deadline = Instant::now() + CLUSTER_TIMEOUT;
         loop {
-            let role = query(port, &["ROLE"]);
-            let master = role
-                .items()
-                .first()
-                .is_some_and(|r| r.to_string() == "master");
-            if master && self.master_ports().contains(&port) {
+            if self.is_master(port) && self.master_ports().contains(&port) {
                 break;
             }
             if Instant::now() >= deadline {
+                let role = query(port, &["ROLE"]);
                 panic!("node on port {port} not promoted within {CLUSTER_TIMEOUT:?}: {role}");
             }
             thread::sleep(Duration::from_millis(20));
