@@ -57,7 +57,7 @@ pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
 use self::url::{Servers, parse_url};
 use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
-use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
+use super::{Batch, BatchItem, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
 
 /// Assembled by build.rs from `redis/decide/` (see its `prelude.lua`).
@@ -336,12 +336,7 @@ impl RedisStore {
                 self.shared.timed_out(target, slot, started);
                 let owed = items
                     .iter()
-                    .map(|&i| Owed {
-                        target,
-                        key: keys[i].clone(),
-                        limits: batch.items[i].limits.clone(),
-                        hits: batch.items[i].hits,
-                    })
+                    .map(|&i| Owed::new(target, &keys[i], &batch.items[i]))
                     .collect();
                 let shared = self.shared.clone();
                 tokio::spawn(async move {
@@ -595,6 +590,18 @@ struct Owed {
     hits: u64,
 }
 
+impl Owed {
+    /// What `item`, counted at `key` in `target`'s Redis, would give back.
+    fn new(target: Target, key: &str, item: &BatchItem) -> Owed {
+        Owed {
+            target,
+            key: key.to_owned(),
+            limits: item.limits.clone(),
+            hits: item.hits,
+        }
+    }
+}
+
 /// How a call meets its node's breaker.
 enum Guard {
     /// Refused while the breaker is open; its outcome moves the breaker.
@@ -779,12 +786,7 @@ impl CounterStore for RedisStore {
                         None
                     }
                     Some((answers, true)) => Some((
-                        Owed {
-                            target: targets[i],
-                            key: keys[i].clone(),
-                            limits: batch.items[i].limits.clone(),
-                            hits: batch.items[i].hits,
-                        },
+                        Owed::new(targets[i], &keys[i], &batch.items[i]),
                         answers.clone(),
                     )),
                     _ => None,
