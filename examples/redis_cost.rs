@@ -336,5 +336,5 @@ async fn main() {
             DECISIONS as f64 / elapsed.as_secs_f64()
         );
     }
-    store.quit().await;
+    store.quit();
 }

@@ -127,7 +127,7 @@ pub async fn run(
             // Cluster primary), so no breaker wraps the whole store.
             let limiter =
                 serve(store, rules, &source, settings, listeners, shutdown, |_| {}).await?;
-            limiter.store().quit().await;
+            limiter.store().quit();
         }
         None => {
             let store = MemoryStore::new(&settings.memory_store(), Arc::new(SystemClock));

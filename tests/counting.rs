@@ -275,7 +275,7 @@ async fn every_mode_is_exact_under_concurrency(url: &str) {
     );
 
     for limiter in limiters {
-        limiter.store().quit().await;
+        limiter.store().quit();
     }
 }
 

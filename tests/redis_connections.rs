@@ -223,7 +223,7 @@ async fn tls_refuses_a_wrong_name_a_missing_client_certificate_and_a_foreign_ca(
             ),
             "{why}: a decision must fail UNAVAILABLE"
         );
-        store.quit().await;
+        store.quit();
     }
 }
 

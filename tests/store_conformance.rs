@@ -856,7 +856,7 @@ macro_rules! suite {
                     let clock = Arc::new(ManualClock::new(T0));
                     let store = redis_store(shared().url(), clock.clone()).await;
                     cases::$case(&store, &clock).await;
-                    store.quit().await;
+                    store.quit();
                 }
             )*
         }
@@ -868,7 +868,7 @@ macro_rules! suite {
                     let clock = Arc::new(ManualClock::new(T0));
                     let store = redis_store(shared_cluster().url(), clock.clone()).await;
                     cases::$case(&store, &clock).await;
-                    store.quit().await;
+                    store.quit();
                 }
             )*
         }
@@ -986,7 +986,7 @@ mod equivalence {
                 let actual = redis.apply(&batch).await.unwrap();
                 prop_assert_eq!(&actual, &expected, "step {} at t0+{}", i, clock.now() - T0);
             }
-            redis.quit().await;
+            redis.quit();
             Ok(())
         })
     }

@@ -265,7 +265,7 @@ impl RedisStore {
     /// flight fail. Never waits: a connection stuck in reconnect back-off
     /// (Redis down, or refusing our password) must not hold the process at
     /// shutdown.
-    pub async fn quit(&self) {
+    pub fn quit(&self) {
         for route in std::iter::once(&self.shared.route).chain(&self.shared.per_second) {
             match route {
                 Route::Single(node) => node.quit(),
