@@ -2,8 +2,8 @@
 //! own CPU (user + system, from /proc/self/stat) per call, with 128 calls in
 //! flight over one pipelined connection each (fred's client, redis-rs's
 //! multiplexed connection), rounds alternating. The script does almost
-//! nothing (it returns ten integers, the shape of a one-limit decide.lua
-//! reply) so that the client's encoding, routing, task wake-ups and reply
+//! nothing (it returns ten integers, the shape a one-limit decide.lua reply
+//! had when the client was chosen; it is eight now) so that the client's encoding, routing, task wake-ups and reply
 //! parsing are what is measured; each call carries one key and nine
 //! arguments, as Sluice's calls do.
 //!
@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use fred::interfaces::{ClientLike as _, LuaInterface as _};
 
-/// Ten integers back, like a decision of one limit.
+/// Ten integers back, like a decision of one limit at the time (see above).
 const SCRIPT: &str = "return {1, 0, 5, 0, 1, 0, 0, 0, 0, 0}";
 const IN_FLIGHT: usize = 128;
 const ROUNDS: usize = 3;

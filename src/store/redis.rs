@@ -56,7 +56,7 @@ use self::node::{Eval, Node, Redirect, Script, Sent};
 pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
 use self::url::{Servers, parse_url};
-use self::wire::{ANSWER_LEN, Answer, ItemPart, answers, hits, limit_args};
+use self::wire::{Answer, ItemPart, answer_len, answers, hits, limit_args};
 use super::{Batch, BatchItem, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
 
@@ -311,7 +311,7 @@ impl RedisStore {
                 args.arg(&limit_args(limit)[..]);
             }
         }
-        let expected = 2 + ANSWER_LEN
+        let expected = 2 + answer_len(whole)
             * items
                 .iter()
                 .map(|&i| batch.items[i].limits.len())
@@ -341,7 +341,7 @@ impl RedisStore {
                 let shared = self.shared.clone();
                 tokio::spawn(async move {
                     let late = tokio::time::timeout(RECONCILE_WAIT, sent).await;
-                    shared.reconcile(late, owed, expected).await;
+                    shared.reconcile(late, owed, expected, whole).await;
                 });
                 return Err(StoreError::Timeout(self.timeout));
             }
@@ -622,6 +622,7 @@ impl Shared {
         late: Result<Result<Vec<i64>, StoreError>, tokio::time::error::Elapsed>,
         owed: Vec<Owed>,
         expected: usize,
+        whole: bool,
     ) {
         let reply = match late {
             Ok(Ok(reply)) => reply,
@@ -640,7 +641,7 @@ impl Shared {
             // Not counted (rejected), or not a reply we can read.
             return;
         }
-        let mut values = answers(&reply);
+        let mut values = answers(&reply, whole);
         let parts: Vec<(Owed, Vec<Answer>)> = owed
             .into_iter()
             .map(|o| {
@@ -727,7 +728,7 @@ impl CounterStore for RedisStore {
                 .decide_part(place, batch, &all, &keys, true, now)
                 .await?;
             let admitted = reply[0] == 1;
-            let mut answers = answers(&reply);
+            let mut answers = answers(&reply, true);
             let limits = batch
                 .items
                 .iter()
@@ -752,7 +753,7 @@ impl CounterStore for RedisStore {
         for ((_, items), reply) in groups.iter().zip(&replies) {
             match reply {
                 Ok(reply) => {
-                    let mut values = answers(reply);
+                    let mut values = answers(reply, false);
                     for &i in items {
                         let limits = values.by_ref().take(batch.items[i].limits.len()).collect();
                         per_item[i] = Some((limits, reply[0] == 1));

@@ -31,8 +31,11 @@ pub(super) fn limit_args(limit: &LimitSpec) -> [i64; 4] {
 /// One item's answers from its slot group, and whether the group counted it.
 pub(super) type ItemPart = (Vec<Answer>, bool);
 
-/// Values per limit in a decide.lua reply.
-pub(super) const ANSWER_LEN: usize = 8;
+/// Values per limit in a decide.lua reply: a Cluster part also carries
+/// the counter as it was before the request (see prelude.lua).
+pub(super) const fn answer_len(whole: bool) -> usize {
+    if whole { 6 } else { 8 }
+}
 
 /// One limit's answer from decide.lua.
 #[derive(Clone, Copy, Debug)]
@@ -82,17 +85,20 @@ impl Answer {
     }
 }
 
-/// The per-limit answers of a decide.lua reply.
-pub(super) fn answers(reply: &[i64]) -> impl Iterator<Item = Answer> + '_ {
+/// The per-limit answers of a decide.lua reply to a whole request or to a
+/// Cluster part (`whole` false).
+pub(super) fn answers(reply: &[i64], whole: bool) -> impl Iterator<Item = Answer> + '_ {
     let count = |v: i64| u64::try_from(v).unwrap_or(0);
-    reply[2..].chunks(ANSWER_LEN).map(move |v| Answer {
+    // A whole request's counters are never refunded: "before" is "after".
+    let (reset_before, full_before) = if whole { (3, 4) } else { (6, 7) };
+    reply[2..].chunks(answer_len(whole)).map(move |v| Answer {
         before: count(v[0]),
         pending: count(v[1]),
         over: v[2] == 1,
-        reset_before: count(v[3]),
-        reset_after: count(v[4]),
-        full_before: count(v[5]),
-        full_after: count(v[6]),
-        slot: v[7],
+        reset_before: count(v[reset_before]),
+        reset_after: count(v[3]),
+        full_before: count(v[full_before]),
+        full_after: count(v[4]),
+        slot: v[5],
     })
 }

@@ -11,11 +11,14 @@ the loops over them, which cost more than the limit's own arithmetic
 window). Admission and the writes are one code for both paths.
 ]]
 
--- The reply: applied, now, then per limit from r + 1 (r = 8j - 6): used,
--- pending, over, reset_before, reset_after, full_before, full_after, slot.
--- `only` is the single path's key record; `one_*` its algorithm, state,
--- limit and use between the passes.
-local reply, only, one_alg, one_st, one_l, one_used
+-- The reply: applied, now, then per limit from r + 1 (r = (j - 1) * width
+-- + 2): used, pending, over, reset, full, slot ("after" values; see
+-- prelude.lua), and for a Cluster part reset_before and full_before. Every
+-- value costs Redis and the caller's parser.
+local width = whole and 6 or 8
+-- `only` is the single path's key record; `one_*` its item, algorithm,
+-- state, limit and use between the passes (it makes no item record).
+local reply, only, one_role, one_hits, one_over, one_alg, one_st, one_l, one_used
 if single then
   local role, hits, code = ARGV[3], ARGV[4] + 0, ARGV[8]
   local alg = code == '0' and sliding_window or code == '1' and fixed_window
@@ -39,8 +42,7 @@ if single then
     end
   end
 
-  -- The one item, as admission and the writes read it.
-  items = { { only, role, hits, over } }
+  one_role, one_hits, one_over = role, hits, over
   one_alg, one_st, one_l, one_used = alg, st, l, used
 else
   -- Plan the reads: one state per distinct counter (a counter named twice,
@@ -85,14 +87,13 @@ else
 
   -- Pass 1: check every limit as if every earlier limit of the request had
   -- been counted (a request may name one counter twice). What each limit
-  -- reports goes straight into the reply: per limit, from r + 1, used,
-  -- pending, over, reset_before, reset_after, full_before, full_after, slot.
-  reply = nl == 1 and { 0, now, 0, 0, 0, 0, 0, 0, 0, 0 } or { 0, now }
-  for j = #reply + 1, 2 + 8 * nl do
+  -- reports goes straight into the reply (its layout: above).
+  reply = { 0, now }
+  for j = 3, 2 + width * nl do
     reply[j] = 0 -- in order, so that the reply stays one array
   end
   for j = 1, nl do
-    local l, r = limits[j], j * 8 - 6
+    local l, r = limits[j], (j - 1) * width + 2
     local st, item = l[2], l[1]
     local used, over = st[4] or st[1]('used', st, l), false
     reply[r + 1], reply[r + 2] = used, st[5]
@@ -116,7 +117,10 @@ end
 -- its caller, who sees every part.
 local enforce_over, quota_seen, quota_all_over = false, false, true
 for i = 1, #KEYS do
-  local role, over = items[i][2], items[i][4]
+  local role, over = one_role, one_over
+  if not single then
+    role, over = items[i][2], items[i][4]
+  end
   if role == '0' or role == '4' then
     enforce_over = enforce_over or over
   elseif role == '2' or role == '6' then
@@ -127,7 +131,7 @@ local applied = not enforce_over and not (whole and quota_seen and quota_all_ove
 
 -- Pass 2 and the reply.
 if single then
-  local role, hits, over = items[1][2], items[1][3], items[1][4]
+  local role, hits, over = one_role, one_hits, one_over
   local alg, st, l, used = one_alg, one_st, one_l, one_used
   -- "Before" is the counter as read, unless what the request did stands
   -- whatever it decides (a refund, an always-counted debit: role codes 3
@@ -150,7 +154,10 @@ if single then
   if not reset_before then
     reset_before, full_before = reset, full
   end
-  reply = { applied and 1 or 0, now, used, 0, over and 1 or 0, reset_before, reset, full_before, full, slot }
+  reply = { applied and 1 or 0, now, used, 0, over and 1 or 0, reset, full, slot }
+  if not whole then
+    reply[9], reply[10] = reset_before, full_before
+  end
   if alg == sliding_log and st[14] then
     sliding_log('save', st)
   end
@@ -166,7 +173,7 @@ else
       local l = limits[j]
       local st, item = l[2], l[1]
       if (phase == 1) == (item[2] >= '3') then
-        local slot, hits, r = -1, item[3], j * 8 - 6
+        local slot, hits, r = -1, item[3], (j - 1) * width + 2
         if item[2] == '3' then
           reply[r + 1], reply[r + 2] = st[1]('give', st, l, hits), 0
         elseif hits > 0 and (applied or item[2] >= '4') then
@@ -176,27 +183,22 @@ else
             st[2][5] = until_ms
           end
         end
-        reply[r + 5], reply[r + 7] = st[1]('report', st, l)
-        reply[r + 8] = slot
+        reply[r + 4], reply[r + 5] = st[1]('report', st, l)
+        reply[r + 6] = slot
       end
     end
     -- "Before" values matter only for a Cluster part that may be refunded (it
-    -- then stands as after the first phase): a whole request reports "after".
+    -- then stands as after the first phase): a whole request reports "after"
+    -- only.
     if phase == 1 and not whole then
       for j = 1, nl do
-        local l, r = limits[j], j * 8 - 6
+        local l, r = limits[j], (j - 1) * width + 2
         if l[1][2] >= '3' then
-          reply[r + 4], reply[r + 6] = reply[r + 5], reply[r + 7]
+          reply[r + 7], reply[r + 8] = reply[r + 4], reply[r + 5]
         else
-          reply[r + 4], reply[r + 6] = l[2][1]('report', l[2], l)
+          reply[r + 7], reply[r + 8] = l[2][1]('report', l[2], l)
         end
       end
-    end
-  end
-  if whole then
-    for j = 1, nl do
-      local r = j * 8 - 6
-      reply[r + 4], reply[r + 6] = reply[r + 5], reply[r + 7]
     end
   end
 
@@ -211,7 +213,7 @@ end
 
 -- Write: at most one HDEL, one HSET and one PEXPIRE per key.
 for i = 1, #KEYS do
-  local k = items[i][1]
+  local k = single and only or items[i][1]
   if k[7] == i then -- once per key
     if k[4] then
       call('HDEL', k[1], unpack(k[4]))

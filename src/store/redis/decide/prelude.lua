@@ -33,18 +33,21 @@ limit: requests, duration_ms, algorithm, param:
                     window = lease, fields "D:c:…")
 
 Reply: { applied (1|0), now, then per limit:
-                  used, pending, over, reset_before, reset_after, full_before, full_after, slot }
+                  used, pending, over, reset, full, slot
+          and, for "part" only, reset_before, full_before }
   used     how much of the limit is in use before this request (after it,
            for a refund, whose pending is then 0)
   pending  hits of earlier limits of this request on the same counter
   over     1 if this limit's hits (with the pending ones) do not fit
-  reset_*  ms until headroom next grows, before this request and after it
-           (the caller of a refunded part reports the former)
-  full_*   ms from now during which no hit at all can fit (0 if one can),
-           before and after this request: what a local cache may answer
-           without asking Redis
+  reset    ms until headroom next grows, after this request
+  full     ms from now during which no hit at all can fit (0 if one can),
+           after this request: what a local cache may answer without
+           asking Redis
   slot     where the hits went (bucket, window, or log time; -1 if none),
            for refund.lua
+  *_before the same two before this request: the caller of a refunded
+           part reports them. A whole request is never refunded, so its
+           reply leaves them out (every value costs Redis and the caller).
 
 Fields of a HASH: each algorithm's file lists its own, under a prefix
 "D:…:" (D = duration_ms) that keeps every counter of the identity apart, and
