@@ -283,8 +283,8 @@ impl Pacer {
         std::thread::spawn(move || {
             while stepper.shared.phase() != STOP {
                 std::thread::sleep(Duration::from_micros(100));
-                let due = stepper.start.elapsed().as_secs_f64() * stepper.rate;
-                stepper.released.store(due as u64, Ordering::Release);
+                let due = due_by(stepper.start.elapsed(), stepper.rate);
+                stepper.released.store(due, Ordering::Release);
                 stepper.step.notify_waiters();
             }
             stepper.step.notify_waiters();
@@ -292,7 +292,8 @@ impl Pacer {
         pacer
     }
 
-    /// When the next request was due; `None` once the run stopped.
+    /// When the next request was due (request `n` at `start + n / rate`);
+    /// `None` once the run stopped.
     async fn next(&self) -> Option<Instant> {
         loop {
             // Registered before the check, so a step in between is not missed.
@@ -317,6 +318,14 @@ impl Pacer {
             step.await;
         }
     }
+}
+
+/// How many requests are due `elapsed` into a run at `rate` per second:
+/// request `n` (from 0) is due at `n / rate`, so the first is due at once.
+/// (Counting only whole intervals released each request one interval
+/// after its due time, and every paced latency carried that interval.)
+fn due_by(elapsed: Duration, rate: f64) -> u64 {
+    (elapsed.as_secs_f64() * rate) as u64 + 1
 }
 
 /// Sends requests until the phase says stop (or the tickets run out).
@@ -540,4 +549,27 @@ fn progress_bar(args: &BenchArgs, measure_for: Option<Duration>) -> indicatif::P
         bar.set_message(format!("warming up for {} ms", args.warmup));
     }
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paced_request_is_released_when_it_is_due_not_an_interval_later() {
+        // At 1,000/s request n is due at n ms.
+        assert_eq!(
+            due_by(Duration::ZERO, 1000.0),
+            1,
+            "request 0 is due at the start"
+        );
+        assert_eq!(due_by(Duration::from_micros(999), 1000.0), 1);
+        assert_eq!(
+            due_by(Duration::from_millis(1), 1000.0),
+            2,
+            "request 1 is due at 1 ms"
+        );
+        assert_eq!(due_by(Duration::from_millis(5), 200.0), 2);
+        assert_eq!(due_by(Duration::from_millis(4), 200.0), 1);
+    }
 }
