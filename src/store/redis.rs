@@ -311,7 +311,7 @@ impl RedisStore {
                 args.arg(&limit_args(limit)[..]);
             }
         }
-        let expected = 2 + answer_len(whole)
+        let expected = 1 + answer_len(whole)
             * items
                 .iter()
                 .map(|&i| batch.items[i].limits.len())

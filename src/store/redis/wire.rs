@@ -85,13 +85,13 @@ impl Answer {
     }
 }
 
-/// The per-limit answers of a decide.lua reply to a whole request or to a
-/// Cluster part (`whole` false).
+/// The per-limit answers of a decide.lua reply (`applied`, then the
+/// answers) to a whole request or to a Cluster part (`whole` false).
 pub(super) fn answers(reply: &[i64], whole: bool) -> impl Iterator<Item = Answer> + '_ {
     let count = |v: i64| u64::try_from(v).unwrap_or(0);
     // A whole request's counters are never refunded: "before" is "after".
     let (reset_before, full_before) = if whole { (3, 4) } else { (6, 7) };
-    reply[2..].chunks(answer_len(whole)).map(move |v| Answer {
+    reply[1..].chunks(answer_len(whole)).map(move |v| Answer {
         before: count(v[0]),
         pending: count(v[1]),
         over: v[2] == 1,

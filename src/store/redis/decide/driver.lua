@@ -11,8 +11,8 @@ the loops over them, which cost more than the limit's own arithmetic
 window). Admission and the writes are one code for both paths.
 ]]
 
--- The reply: applied, now, then per limit from r + 1 (r = (j - 1) * width
--- + 2): used, pending, over, reset, full, slot ("after" values; see
+-- The reply: applied, then per limit from r + 1 (r = (j - 1) * width +
+-- 1): used, pending, over, reset, full, slot ("after" values; see
 -- prelude.lua), and for a Cluster part reset_before and full_before. Every
 -- value costs Redis and the caller's parser.
 local width = whole and 6 or 8
@@ -88,12 +88,12 @@ else
   -- Pass 1: check every limit as if every earlier limit of the request had
   -- been counted (a request may name one counter twice). What each limit
   -- reports goes straight into the reply (its layout: above).
-  reply = { 0, now }
-  for j = 3, 2 + width * nl do
+  reply = { 0 }
+  for j = 2, 1 + width * nl do
     reply[j] = 0 -- in order, so that the reply stays one array
   end
   for j = 1, nl do
-    local l, r = limits[j], (j - 1) * width + 2
+    local l, r = limits[j], (j - 1) * width + 1
     local st, item = l[2], l[1]
     local used, over = st[4] or st[1]('used', st, l), false
     reply[r + 1], reply[r + 2] = used, st[5]
@@ -154,9 +154,9 @@ if single then
   if not reset_before then
     reset_before, full_before = reset, full
   end
-  reply = { applied and 1 or 0, now, used, 0, over and 1 or 0, reset, full, slot }
+  reply = { applied and 1 or 0, used, 0, over and 1 or 0, reset, full, slot }
   if not whole then
-    reply[9], reply[10] = reset_before, full_before
+    reply[8], reply[9] = reset_before, full_before
   end
   if alg == sliding_log and st[14] then
     sliding_log('save', st)
@@ -173,7 +173,7 @@ else
       local l = limits[j]
       local st, item = l[2], l[1]
       if (phase == 1) == (item[2] >= '3') then
-        local slot, hits, r = -1, item[3], (j - 1) * width + 2
+        local slot, hits, r = -1, item[3], (j - 1) * width + 1
         if item[2] == '3' then
           reply[r + 1], reply[r + 2] = st[1]('give', st, l, hits), 0
         elseif hits > 0 and (applied or item[2] >= '4') then
@@ -192,7 +192,7 @@ else
     -- only.
     if phase == 1 and not whole then
       for j = 1, nl do
-        local l, r = limits[j], (j - 1) * width + 2
+        local l, r = limits[j], (j - 1) * width + 1
         if l[1][2] >= '3' then
           reply[r + 7], reply[r + 8] = reply[r + 4], reply[r + 5]
         else

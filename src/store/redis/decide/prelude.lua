@@ -32,7 +32,7 @@ limit: requests, duration_ms, algorithm, param:
   3 sliding_log     param = 0; 1 for concurrency (a log of leased slots,
                     window = lease, fields "D:c:…")
 
-Reply: { applied (1|0), now, then per limit:
+Reply: { applied (1|0), then per limit:
                   used, pending, over, reset, full, slot
           and, for "part" only, reset_before, full_before }
   used     how much of the limit is in use before this request (after it,
