@@ -133,9 +133,9 @@ local applied = not enforce_over and not (whole and quota_seen and quota_all_ove
 if single then
   local role, hits, over = one_role, one_hits, one_over
   local alg, st, l, used = one_alg, one_st, one_l, one_used
-  -- "Before" is the counter as read, unless what the request did stands
-  -- whatever it decides (a refund, an always-counted debit: role codes 3
-  -- and up), or the request is whole: then it is "after".
+  -- "Before" (a Cluster part's only) is the counter as read, unless what
+  -- the request did stands whatever it decides (a refund, an always-counted
+  -- debit: role codes 3 and up): then it is "after".
   local reset_before, full_before
   if not whole and role < '3' then
     reset_before, full_before = alg('report', st, l)
@@ -151,12 +151,9 @@ if single then
     end
   end
   local reset, full = alg('report', st, l)
-  if not reset_before then
-    reset_before, full_before = reset, full
-  end
   reply = { applied and 1 or 0, used, 0, over and 1 or 0, reset, full, slot }
   if not whole then
-    reply[8], reply[9] = reset_before, full_before
+    reply[8], reply[9] = reset_before or reset, full_before or full
   end
   if alg == sliding_log and st[14] then
     sliding_log('save', st)
