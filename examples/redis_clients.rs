@@ -2,10 +2,10 @@
 //! own CPU (user + system, from /proc/self/stat) per call, with 128 calls in
 //! flight over one pipelined connection each (fred's client, redis-rs's
 //! multiplexed connection), rounds alternating. The script does almost
-//! nothing (it returns ten integers, the shape a one-limit decide.lua reply
-//! had when the client was chosen; it is eight now) so that the client's encoding, routing, task wake-ups and reply
-//! parsing are what is measured; each call carries one key and nine
-//! arguments, as Sluice's calls do.
+//! nothing (it returns ten integers, the shape of a one-limit decide.lua
+//! reply when the client was chosen; it is seven now) so that the client's
+//! encoding, routing, task wake-ups and reply parsing are what is measured;
+//! each call carries one key and nine arguments, as Sluice's calls do.
 //!
 //! ```sh
 //! redis-server --port 7790 --save '' --appendonly no &
