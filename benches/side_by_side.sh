@@ -5,7 +5,8 @@
 # CPU each server process, and Redis, spent per decision (read from
 # /proc/PID/stat before and after each round, so it is CPU time, not wall
 # time). Rounds alternate between the servers so that a noisy neighbour
-# hits both alike.
+# hits both alike; the last lines give Sluice's figures over Limitador's,
+# per round and over the means of all rounds.
 #
 # Usage: benches/side_by_side.sh [memory|redis] [ROUNDS]
 #   SLUICE     the sluice binary       (default target/release/sluice)
@@ -36,6 +37,8 @@ command -v h2load >/dev/null || { echo "needs h2load: apt-get install nghttp2-cl
 
 work=$(mktemp -d)
 pids=()
+sluice_rounds=()
+limitador_rounds=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
@@ -142,11 +145,33 @@ for r in $(seq 1 "$rounds"); do
   printf '%-22s %6s %12s %18s %17s\n' "bare gRPC (Sluice)" "$r" "$rps" "$cpu" -
   read -r rps cpu rcpu < <(round "$pid" "$port" "$rls")
   printf '%-22s %6s %12s %18s %17s\n' "Sluice, $mode" "$r" "$rps" "$cpu" "$([ -n "$redis_pid" ] && echo "$rcpu" || echo -)"
+  sluice_rounds+=("$rps $cpu $rcpu")
   kill "$pid"; wait "$pid" 2>/dev/null || true
   if [ -n "$limitador" ]; then
     port=$(free_port); pid=$(start_limitador "$port"); pids+=("$pid"); wait_port "$port"
     read -r rps cpu rcpu < <(round "$pid" "$port" "$rls")
     printf '%-22s %6s %12s %18s %17s\n' "Limitador, $mode" "$r" "$rps" "$cpu" "$([ -n "$redis_pid" ] && echo "$rcpu" || echo -)"
+    limitador_rounds+=("$rps $cpu $rcpu")
     kill "$pid"; wait "$pid" 2>/dev/null || true
   fi
 done
+
+# Sluice against Limitador, round by round (the same round shares the
+# machine's mood) and over the means of all rounds.
+if [ -n "$limitador" ]; then
+  printf '%s\n' "${sluice_rounds[@]}" >"$work/sluice.txt"
+  printf '%s\n' "${limitador_rounds[@]}" >"$work/limitador.txt"
+  python3 - "$work/sluice.txt" "$work/limitador.txt" "$mode" <<'PY'
+import sys
+rows = lambda path: [list(map(float, line.split())) for line in open(path)]
+sluice, limitador, mode = rows(sys.argv[1]), rows(sys.argv[2]), sys.argv[3]
+ratio = lambda a, b: f"{a / b:.2f}" if b else "-"
+print("Sluice / Limitador      round  decisions/s server CPU/dec   Redis CPU/dec")
+for r, (s, l) in enumerate(zip(sluice, limitador), 1):
+    print(f"{'':22s} {r:6d} {ratio(s[0], l[0]):>12s} {ratio(s[1], l[1]):>18s} {ratio(s[2], l[2]) if mode == 'redis' else '-':>17s}")
+mean = lambda rs, i: sum(x[i] for x in rs) / len(rs)
+print(f"{'':22s} {'means':>6s} " + " ".join(
+    f"{ratio(mean(sluice, i), mean(limitador, i)) if i < 2 or mode == 'redis' else '-':>{w}s}"
+    for i, w in ((0, 12), (1, 18), (2, 17))))
+PY
+fi
