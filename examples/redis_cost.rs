@@ -85,6 +85,14 @@ async fn command(store: &RedisStore, args: &[String]) -> redis::Value {
         .expect("redis command")
 }
 
+/// Sends a baseline's commands on `key` as one pipeline, with the minute's
+/// TTL both baselines give their key last; the replies are ignored.
+async fn pipeline(store: &RedisStore, mut pipe: redis::Pipeline, key: &str) {
+    pipe.cmd("EXPIRE").arg(key).arg(60).ignore();
+    let mut conn = store.connection().expect("a connected single Redis");
+    let _: () = pipe.query_async(&mut conn).await.expect("pipeline");
+}
+
 fn args(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|p| (*p).to_owned()).collect()
 }
@@ -122,27 +130,16 @@ async fn decide(store: &RedisStore, s: usize, scenario: &Scenario, n: usize) {
         }
         Kind::FixedBaseline => {
             let key = baseline_key(s, who);
-            let mut conn = store.connection().expect("a connected single Redis");
-            let _: () = redis::pipe()
-                .cmd("INCRBY")
-                .arg(&key)
-                .arg(1)
-                .ignore()
-                .cmd("EXPIRE")
-                .arg(&key)
-                .arg(60)
-                .ignore()
-                .query_async(&mut conn)
-                .await
-                .expect("pipeline");
+            let mut pipe = redis::pipe();
+            pipe.cmd("INCRBY").arg(&key).arg(1).ignore();
+            pipeline(store, pipe, &key).await;
         }
         Kind::LogBaseline => {
             let key = baseline_key(s, who);
             // This identity's n-th hit happens at tick n / IDENTITIES.
             let tick = (n / IDENTITIES) as i64;
-            let mut conn = store.connection().expect("a connected single Redis");
-            let _: () = redis::pipe()
-                .cmd("ZREMRANGEBYSCORE")
+            let mut pipe = redis::pipe();
+            pipe.cmd("ZREMRANGEBYSCORE")
                 .arg(&key)
                 .arg("-inf")
                 .arg(tick - LOG_HITS as i64)
@@ -154,14 +151,8 @@ async fn decide(store: &RedisStore, s: usize, scenario: &Scenario, n: usize) {
                 .arg(&key)
                 .arg(tick)
                 .arg(format!("{tick}-{n}"))
-                .ignore()
-                .cmd("EXPIRE")
-                .arg(&key)
-                .arg(60)
-                .ignore()
-                .query_async(&mut conn)
-                .await
-                .expect("pipeline");
+                .ignore();
+            pipeline(store, pipe, &key).await;
         }
     }
 }
