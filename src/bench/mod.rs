@@ -255,13 +255,13 @@ pub async fn redis_snapshot(urls: &[RedisUrl]) -> Result<Option<RedisSnapshot>, 
 struct Pacer {
     start: Instant,
     rate: f64,
-    /// Requests released so far (those due by the pacer's last step).
-    released: AtomicU64,
-    /// Requests taken by workers; `claimed <= released`.
+    /// One permit per released request: each release wakes one waiting
+    /// worker, not all of them (waking every idle worker on every step
+    /// cost the load generator CPU that it shares with the server).
+    /// Closed when the run stops.
+    released: tokio::sync::Semaphore,
+    /// Requests taken by workers, so the next one's due time.
     claimed: AtomicU64,
-    /// Wakes workers waiting for a release, and at the end.
-    step: tokio::sync::Notify,
-    shared: Arc<Shared>,
 }
 
 impl Pacer {
@@ -274,20 +274,25 @@ impl Pacer {
         let pacer = Arc::new(Self {
             start: Instant::now(),
             rate,
-            released: AtomicU64::new(0),
+            released: tokio::sync::Semaphore::new(0),
             claimed: AtomicU64::new(0),
-            step: tokio::sync::Notify::new(),
-            shared,
         });
         let stepper = pacer.clone();
         std::thread::spawn(move || {
-            while stepper.shared.phase() != STOP {
+            let mut released = 0;
+            while shared.phase() != STOP {
                 std::thread::sleep(Duration::from_micros(100));
                 let due = due_by(stepper.start.elapsed(), stepper.rate);
-                stepper.released.store(due, Ordering::Release);
-                stepper.step.notify_waiters();
+                let more = usize::try_from(due - released).unwrap_or(usize::MAX);
+                // Only the pacer adds permits; past the semaphore's bound
+                // (an absurd rate, or a server silent for ages) requests
+                // stay unreleased rather than panic.
+                let room =
+                    tokio::sync::Semaphore::MAX_PERMITS - stepper.released.available_permits();
+                stepper.released.add_permits(more.min(room));
+                released = due;
             }
-            stepper.step.notify_waiters();
+            stepper.released.close();
         });
         pacer
     }
@@ -295,28 +300,9 @@ impl Pacer {
     /// When the next request was due (request `n` at `start + n / rate`);
     /// `None` once the run stopped.
     async fn next(&self) -> Option<Instant> {
-        loop {
-            // Registered before the check, so a step in between is not missed.
-            let step = self.step.notified();
-            tokio::pin!(step);
-            step.as_mut().enable();
-            if self.shared.phase() == STOP {
-                return None;
-            }
-            let claimed = self.claimed.load(Ordering::Acquire);
-            if claimed < self.released.load(Ordering::Acquire) {
-                if self
-                    .claimed
-                    .compare_exchange(claimed, claimed + 1, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    let due = Duration::from_secs_f64(claimed as f64 / self.rate);
-                    return Some(self.start + due);
-                }
-                continue;
-            }
-            step.await;
-        }
+        self.released.acquire().await.ok()?.forget();
+        let claimed = self.claimed.fetch_add(1, Ordering::Relaxed);
+        Some(self.start + Duration::from_secs_f64(claimed as f64 / self.rate))
     }
 }
 
