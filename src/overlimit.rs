@@ -39,6 +39,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -77,6 +78,11 @@ pub struct OverLimitCache {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
     hasher: RandomState,
+    /// Entries over all shards, changed under their locks and read without
+    /// one: while nothing is full (the usual case) a decision neither
+    /// hashes its counters nor takes a lock here. A stale read only sends
+    /// one request to the store, or leaves an entry to expire.
+    entries: AtomicUsize,
 }
 
 impl OverLimitCache {
@@ -86,6 +92,7 @@ impl OverLimitCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: capacity.div_ceil(SHARDS),
             hasher: RandomState::new(),
+            entries: AtomicUsize::new(0),
         })
     }
 
@@ -101,6 +108,9 @@ impl OverLimitCache {
         limit: &LimitSpec,
         now: Millis,
     ) -> Option<LimitOutcome> {
+        if self.entries.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let key = (identity.clone(), *limit);
         let mut shard = self.shard(&key).lock();
         match shard.get(&key) {
@@ -114,6 +124,7 @@ impl OverLimitCache {
             }),
             Some(full) if full.until <= now => {
                 shard.remove(&key);
+                self.entries.fetch_sub(1, Ordering::Relaxed);
                 None
             }
             _ => None,
@@ -129,14 +140,22 @@ impl OverLimitCache {
         outcome: &LimitOutcome,
         now: Millis,
     ) {
+        if outcome.full_for_ms == 0 && self.entries.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let key = (identity.clone(), *limit);
         let mut shard = self.shard(&key).lock();
         if outcome.full_for_ms == 0 {
-            shard.remove(&key);
+            if shard.remove(&key).is_some() {
+                self.entries.fetch_sub(1, Ordering::Relaxed);
+            }
             return;
         }
         if shard.len() >= self.per_shard && !shard.contains_key(&key) {
+            let held = shard.len();
             shard.retain(|_, full| full.until > now);
+            self.entries
+                .fetch_sub(held - shard.len(), Ordering::Relaxed);
             if shard.len() >= self.per_shard {
                 return;
             }
@@ -146,12 +165,14 @@ impl OverLimitCache {
             until: now.saturating_add(outcome.full_for_ms.min(MAX_TRUST_MS)),
             reset_at: now.saturating_add(outcome.reset_ms),
         };
-        shard.insert(key, full);
+        if shard.insert(key, full).is_none() {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Entries held (expired ones included until touched).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.entries.load(Ordering::Relaxed)
     }
 
     /// Whether nothing is held.
@@ -255,5 +276,33 @@ mod tests {
         }
         assert!(cache.len() <= 32);
         assert!(OverLimitCache::new(0).is_none());
+    }
+
+    #[test]
+    fn the_entry_count_follows_every_change() {
+        // The count is what lets a decision skip the cache while it is
+        // empty: it must not drift from what the shards hold.
+        let held = |c: &OverLimitCache| c.shards.iter().map(|s| s.lock().len()).sum::<usize>();
+        let cache = OverLimitCache::new(16).unwrap();
+        for i in 0..40 {
+            cache.learn(&id(&i.to_string()), &LIMIT, &full(100 + i, 500), 1_000);
+            cache.learn(&id(&i.to_string()), &LIMIT, &full(100 + i, 500), 1_000);
+        }
+        assert_eq!(cache.len(), held(&cache));
+        assert!(cache.len() > 1);
+        // Some expire and are dropped when read, some are reported not full.
+        for i in 0..40 {
+            let _ = cache.outcome(&id(&i.to_string()), &LIMIT, 1_120);
+            if i % 3 == 0 {
+                cache.learn(&id(&i.to_string()), &LIMIT, &full(0, 500), 1_120);
+            }
+            assert_eq!(cache.len(), held(&cache));
+        }
+        // A full shard drops its expired entries to take a new one.
+        for i in 40..80 {
+            cache.learn(&id(&i.to_string()), &LIMIT, &full(50, 500), 1_130);
+            assert_eq!(cache.len(), held(&cache));
+        }
+        assert!(!cache.is_empty());
     }
 }
