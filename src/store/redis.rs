@@ -191,7 +191,7 @@ impl ScriptRunner {
         args: Vec<String>,
     ) -> Result<Vec<i64>, StoreError> {
         let slot = self.shared.slot(Target::Main, &key);
-        let mut eval = Eval::new(&script.0, &[key], slot);
+        let mut eval = Eval::new(&script.0, &[key], slot, args.len());
         eval.cmd.arg(args);
         self.shared
             .clone()
@@ -286,8 +286,16 @@ impl RedisStore {
         whole: bool,
         now: Option<i64>,
     ) -> Result<Vec<i64>, StoreError> {
-        let part_keys: Vec<&str> = items.iter().map(|&i| keys[i].as_str()).collect();
-        let mut eval = Eval::new(&self.shared.decide, &part_keys, slot);
+        let arg_count = 2 + items
+            .iter()
+            .map(|&i| 3 + 4 * batch.items[i].limits.len())
+            .sum::<usize>();
+        let mut eval = Eval::new(
+            &self.shared.decide,
+            items.iter().map(|&i| keys[i].as_str()),
+            slot,
+            arg_count,
+        );
         let args = &mut eval.cmd;
         match now {
             Some(now) => args.arg(now),
@@ -353,6 +361,30 @@ impl RedisStore {
             )));
         }
         Ok(reply)
+    }
+
+    /// The decision of a request whose counters all live in one group
+    /// (`items`: every item of `batch`): one call decides it.
+    async fn decide_whole(
+        &self,
+        place: (Target, u16),
+        batch: &Batch,
+        items: &[usize],
+        keys: &[String],
+        now: Option<i64>,
+    ) -> Result<BatchOutcome, StoreError> {
+        let reply = self
+            .decide_part(place, batch, items, keys, true, now)
+            .await?;
+        let admitted = reply[0] == 1;
+        let limits = batch
+            .items
+            .iter()
+            .flat_map(|item| item.limits.iter().map(move |_| item))
+            .zip(answers(&reply, true))
+            .map(|(item, answer)| answer.outcome(item, admitted))
+            .collect();
+        Ok(BatchOutcome { admitted, limits })
     }
 }
 
@@ -567,7 +599,7 @@ impl Shared {
             }
         }
         let calls = by_slot.into_iter().map(|((target, slot), keys, args)| {
-            let mut eval = Eval::new(&self.refund, &keys, slot);
+            let mut eval = Eval::new(&self.refund, &keys, slot, args.len());
             eval.cmd.arg(args);
             tokio::time::timeout(timeout, self.clone().send(target, eval, Guard::Bypass))
         });
@@ -687,7 +719,12 @@ impl CounterStore for RedisStore {
     async fn reset(&self, identity: &Identity, windows: &[Window]) -> Result<(), StoreError> {
         let key = identity.storage_key(&self.prefix);
         let target = self.shared.target(windows.iter());
-        let eval = Eval::new(&Script::new(RESET), &[&key], self.shared.slot(target, &key));
+        let eval = Eval::new(
+            &Script::new(RESET),
+            &[&key],
+            self.shared.slot(target, &key),
+            0,
+        );
         self.shared
             .clone()
             .send(target, eval, Guard::Breaker)
@@ -705,6 +742,12 @@ impl CounterStore for RedisStore {
         let now = self
             .local_time
             .then(|| i64::try_from(self.shared.clock.now()).unwrap_or(i64::MAX));
+        if let [item] = &batch.items[..] {
+            // One descriptor (the usual request): one call, nothing to group.
+            let target = self.shared.target(item.limits.iter().map(|l| &l.window));
+            let place = (target, self.shared.slot(target, &keys[0]));
+            return self.decide_whole(place, batch, &[0], &keys, now).await;
+        }
         // Which Redis each item's counters live in.
         let targets: Vec<Target> = batch
             .items
@@ -724,19 +767,7 @@ impl CounterStore for RedisStore {
         if groups.len() <= 1 {
             let place = groups.first().map_or((Target::Main, 0), |(p, _)| *p);
             let all: Vec<usize> = (0..batch.items.len()).collect();
-            let reply = self
-                .decide_part(place, batch, &all, &keys, true, now)
-                .await?;
-            let admitted = reply[0] == 1;
-            let mut answers = answers(&reply, true);
-            let limits = batch
-                .items
-                .iter()
-                .flat_map(|item| item.limits.iter().map(move |_| item))
-                .zip(answers.by_ref())
-                .map(|(item, answer)| answer.outcome(item, admitted))
-                .collect();
-            return Ok(BatchOutcome { admitted, limits });
+            return self.decide_whole(place, batch, &all, &keys, now).await;
         }
 
         let replies = join_all(

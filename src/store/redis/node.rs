@@ -107,10 +107,20 @@ pub(super) struct Eval {
 
 impl Eval {
     /// A call of `script` on `keys`, which live in `slot`, without
-    /// arguments yet.
-    pub(super) fn new<K: AsRef<str>>(script: &Script, keys: &[K], slot: u16) -> Eval {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&*script.sha1).arg(keys.len());
+    /// arguments yet; room is made for `args` of them, numbers (the command
+    /// is built for every decision: growing it cost reallocations).
+    pub(super) fn new<K, I>(script: &Script, keys: I, slot: u16, args: usize) -> Eval
+    where
+        K: AsRef<str>,
+        I: IntoIterator<Item = K, IntoIter: ExactSizeIterator + Clone>,
+    {
+        let keys = keys.into_iter();
+        let key_bytes: usize = keys.clone().map(|k| k.as_ref().len()).sum();
+        let mut cmd = Cmd::with_capacity(
+            3 + keys.len() + args,
+            "EVALSHA".len() + script.sha1.len() + 2 + key_bytes + 8 * args,
+        );
+        cmd.arg("EVALSHA").arg(&*script.sha1).arg(keys.len());
         for key in keys {
             cmd.arg(key.as_ref());
         }
