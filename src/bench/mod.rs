@@ -279,18 +279,18 @@ impl Pacer {
         });
         let stepper = pacer.clone();
         std::thread::spawn(move || {
-            let mut released = 0;
+            let mut so_far = 0;
             while shared.phase() != STOP {
                 std::thread::sleep(Duration::from_micros(100));
                 let due = due_by(stepper.start.elapsed(), stepper.rate);
-                let more = usize::try_from(due - released).unwrap_or(usize::MAX);
+                let more = usize::try_from(due - so_far).unwrap_or(usize::MAX);
                 // Only the pacer adds permits; past the semaphore's bound
                 // (an absurd rate, or a server silent for ages) requests
                 // stay unreleased rather than panic.
                 let room =
                     tokio::sync::Semaphore::MAX_PERMITS - stepper.released.available_permits();
                 stepper.released.add_permits(more.min(room));
-                released = due;
+                so_far = due;
             }
             stepper.released.close();
         });
