@@ -56,7 +56,7 @@ use self::node::{Eval, Node, Redirect, Script, Sent};
 pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
 use self::url::{Servers, parse_url};
-use self::wire::{Answer, ItemPart, answer_len, answers, hits, limit_args};
+use self::wire::{Answer, ItemPart, LIMIT_ARGS, answer_len, answers, hits, limit_args};
 use super::{Batch, BatchItem, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
 
@@ -286,9 +286,11 @@ impl RedisStore {
         whole: bool,
         now: Option<i64>,
     ) -> Result<Vec<i64>, StoreError> {
+        // As written below: now and mode, then per item its role, hits and
+        // number of limits, and each limit's arguments.
         let arg_count = 2 + items
             .iter()
-            .map(|&i| 3 + 4 * batch.items[i].limits.len())
+            .map(|&i| 3 + LIMIT_ARGS * batch.items[i].limits.len())
             .sum::<usize>();
         let mut eval = Eval::new(
             &self.shared.decide,

@@ -8,9 +8,12 @@ pub(super) fn hits(hits: u64) -> i64 {
     i64::try_from(hits).unwrap_or(i64::MAX)
 }
 
+/// Arguments per limit in both scripts' calls.
+pub(super) const LIMIT_ARGS: usize = 4;
+
 /// `requests, duration_ms, algorithm, param` of one limit, as both scripts
 /// take them.
-pub(super) fn limit_args(limit: &LimitSpec) -> [i64; 4] {
+pub(super) fn limit_args(limit: &LimitSpec) -> [i64; LIMIT_ARGS] {
     let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let (algorithm, param) = match limit.window.algorithm {
         Algorithm::SlidingWindow { precision_ms } => (0, precision_ms),
