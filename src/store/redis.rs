@@ -286,12 +286,10 @@ impl RedisStore {
         whole: bool,
         now: Option<i64>,
     ) -> Result<Vec<i64>, StoreError> {
+        let limit_count: usize = items.iter().map(|&i| batch.items[i].limits.len()).sum();
         // As written below: now and mode, then per item its role, hits and
         // number of limits, and each limit's arguments.
-        let arg_count = 2 + items
-            .iter()
-            .map(|&i| 3 + LIMIT_ARGS * batch.items[i].limits.len())
-            .sum::<usize>();
+        let arg_count = 2 + 3 * items.len() + LIMIT_ARGS * limit_count;
         let mut eval = Eval::new(
             &self.shared.decide,
             items.iter().map(|&i| keys[i].as_str()),
@@ -321,11 +319,7 @@ impl RedisStore {
                 args.arg(&limit_args(limit)[..]);
             }
         }
-        let expected = 1 + answer_len(whole)
-            * items
-                .iter()
-                .map(|&i| batch.items[i].limits.len())
-                .sum::<usize>();
+        let expected = 1 + answer_len(whole) * limit_count;
         let started = self.shared.clock.now();
         let abandoned = Arc::new(AtomicBool::new(false));
         // Run in the caller's task; boxed, so that it can move to a task of
