@@ -238,6 +238,7 @@ async fn main() {
     let config = RedisStoreConfig {
         tls: sluice::store::RedisTls::default(),
         per_second_url: None,
+        coalesce: true,
         url: RedisUrl::new(url.clone()),
         pool_size: 4,
         timeout: Duration::from_secs(2),

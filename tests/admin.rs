@@ -327,6 +327,7 @@ async fn server_with_redis_down(
     let config = RedisStoreConfig {
         tls: sluice::store::RedisTls::default(),
         per_second_url: None,
+        coalesce: true,
         url: RedisUrl::new(redis.url()),
         pool_size: 2,
         timeout: Duration::from_millis(200),

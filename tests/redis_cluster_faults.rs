@@ -56,6 +56,7 @@ async fn store(
     let config = RedisStoreConfig {
         tls: sluice::store::RedisTls::default(),
         per_second_url: None,
+        coalesce: true,
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout: Duration::from_secs(1),
@@ -478,6 +479,7 @@ async fn a_hung_master_opens_only_its_own_breaker() {
     let config = RedisStoreConfig {
         tls: sluice::store::RedisTls::default(),
         per_second_url: None,
+        coalesce: true,
         url: RedisUrl::new(cluster.url()),
         pool_size: 1,
         timeout: Duration::from_millis(100),

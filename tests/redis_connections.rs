@@ -29,6 +29,7 @@ fn config(url: &str, tls: RedisTls, per_second_url: Option<String>) -> RedisStor
     RedisStoreConfig {
         url: RedisUrl::new(url),
         per_second_url: per_second_url.map(RedisUrl::new),
+        coalesce: true,
         tls,
         pool_size: 1,
         timeout: WAIT,

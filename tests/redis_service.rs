@@ -84,6 +84,7 @@ async fn server_sharing(url: &str, timeout: Duration, prefix: &str) -> Server {
     let config = RedisStoreConfig {
         tls: sluice::store::RedisTls::default(),
         per_second_url: None,
+        coalesce: true,
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,
@@ -477,6 +478,7 @@ async fn acl_users_authenticate_and_wrong_passwords_fail_unavailable() {
     let config = sluice::store::RedisStoreConfig {
         tls: sluice::store::RedisTls::default(),
         per_second_url: None,
+        coalesce: true,
         url: sluice::store::RedisUrl::new(redis.url_with_auth("alice", "wrong")),
         pool_size: 1,
         timeout: Duration::from_millis(500),
@@ -598,6 +600,7 @@ async fn a_hot_over_limit_key_costs_redis_nothing_until_it_can_fit_again() {
         let config = RedisStoreConfig {
             tls: sluice::store::RedisTls::default(),
             per_second_url: None,
+            coalesce: true,
             url: RedisUrl::new(redis.url()),
             pool_size: 1,
             timeout: Duration::from_secs(2),

@@ -37,25 +37,26 @@ fn slot_of(prefix: &str, name: &str) -> u16 {
 }
 
 async fn open(url: &str, prefix: &str, timeout: Duration) -> Arc<RedisStore> {
-    open_with(url, prefix, timeout, None).await
+    open_with(config(url, prefix, timeout)).await
 }
 
-async fn open_with(
-    url: &str,
-    prefix: &str,
-    timeout: Duration,
-    breaker: Option<BreakerConfig>,
-) -> Arc<RedisStore> {
-    let config = RedisStoreConfig {
+/// The store's settings in these tests: two connections, Redis's clock,
+/// no breaker, hot counters coalesced (the default).
+fn config(url: &str, prefix: &str, timeout: Duration) -> RedisStoreConfig {
+    RedisStoreConfig {
         tls: sluice::store::RedisTls::default(),
         per_second_url: None,
+        coalesce: true,
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,
         key_prefix: prefix.to_owned(),
         time: TimeSource::Redis,
-        breaker,
-    };
+        breaker: None,
+    }
+}
+
+async fn open_with(config: RedisStoreConfig) -> Arc<RedisStore> {
     let clock = Arc::new(ManualClock::new(support::T0));
     Arc::new(
         RedisStore::connect(&config, clock, Duration::from_secs(10))
@@ -128,7 +129,11 @@ async fn expect_counter(reader: &RedisStore, name: &str, want: u64) {
 async fn calls_that_time_out_after_their_script_ran_are_refunded() {
     let redis = RedisServer::start();
     let prefix = support::unique_prefix();
-    let store = open(&redis.url(), &prefix, Duration::from_millis(50)).await;
+    let store = open_with(RedisStoreConfig {
+        coalesce: false,
+        ..config(&redis.url(), &prefix, Duration::from_millis(50))
+    })
+    .await;
     let reader = open(&redis.url(), &prefix, Duration::from_secs(5)).await;
     let ran = evalsha_calls(redis.port());
 
@@ -147,43 +152,80 @@ async fn calls_that_time_out_after_their_script_ran_are_refunded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_calls_that_time_out_after_their_script_ran_are_refunded() {
+    let redis = RedisServer::start();
+    let prefix = support::unique_prefix();
+    // One connection, so that a later call is run after every earlier one.
+    let store = open_with(RedisStoreConfig {
+        pool_size: 1,
+        ..config(&redis.url(), &prefix, Duration::from_millis(50))
+    })
+    .await;
+    let reader = open(&redis.url(), &prefix, Duration::from_secs(5)).await;
+
+    // The first request's call is written to the socket; the others wait
+    // for it and may go out on later calls before they time out. All are
+    // told they timed out.
+    redis.pause();
+    let (admitted, _, errors) = burst(&store, 200, &["paused"]).await;
+    redis.resume();
+    assert_eq!((admitted, errors.len()), (0, 200), "{errors:?}");
+    // A call on another counter after them: once it answers, every call
+    // before it has run and counted (the first one at least 1 hit).
+    let marker = Batch {
+        items: vec![item("marker", 0)],
+    };
+    store.apply(&marker).await.expect("Redis answers again");
+    expect_counter(&reader, "paused", 0).await;
+    assert_eq!(store.coalescing().waiting, 0, "nobody is left waiting");
+    let (admitted, over, errors) = burst(&store, 200, &["after"]).await;
+    assert_eq!((admitted, over), (5, 195), "{errors:?}");
+    expect_counter(&reader, "after", 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_replies_do_not_close_the_breaker_their_timeouts_opened() {
     // Three timeouts open the breaker (the store's clock never moves, so it
     // stays open). The paused Redis then runs the three scripts and their
     // replies arrive late: they must neither close the breaker (a Redis that
-    // slow is what it is for) nor be kept from their refunds by it.
-    let redis = RedisServer::start();
-    let prefix = support::unique_prefix();
-    let breaker = BreakerConfig {
-        failures: 3,
-        min_failing: Duration::ZERO,
-        cooldown: Duration::from_secs(3_600),
-    };
-    let store = open_with(
-        &redis.url(),
-        &prefix,
-        Duration::from_millis(50),
-        Some(breaker),
-    )
-    .await;
-    let reader = open(&redis.url(), &prefix, Duration::from_secs(5)).await;
-    let before = evalsha_calls(redis.port());
-    redis.pause();
-    let (admitted, over, errors) = burst(&store, 3, &["late"]).await;
-    assert_eq!((admitted, over), (0, 0), "{errors:?}");
-    assert_eq!(errors.len(), 3, "{errors:?}");
-    redis.resume();
-    wait_evalsha(redis.port(), before + 3).await;
-    // Refunded: the late replies have been read.
-    expect_counter(&reader, "late", 0).await;
-    let batch = Batch {
-        items: vec![item("late", 1)],
-    };
-    let refused = store.apply(&batch).await;
-    assert!(
-        matches!(refused, Err(StoreError::CircuitOpen(_))),
-        "the breaker closed on a late reply: {refused:?}"
-    );
+    // slow is what it is for) nor be kept from their refunds by it. Each
+    // request is sent alone (one after the other), coalesced or not.
+    for coalesce in [false, true] {
+        let redis = RedisServer::start();
+        let prefix = support::unique_prefix();
+        let store = open_with(RedisStoreConfig {
+            coalesce,
+            breaker: Some(BreakerConfig {
+                failures: 3,
+                min_failing: Duration::ZERO,
+                cooldown: Duration::from_secs(3_600),
+            }),
+            ..config(&redis.url(), &prefix, Duration::from_millis(50))
+        })
+        .await;
+        let reader = open(&redis.url(), &prefix, Duration::from_secs(5)).await;
+        let before = evalsha_calls(redis.port());
+        let batch = Batch {
+            items: vec![item("late", 1)],
+        };
+        redis.pause();
+        for _ in 0..3 {
+            let timed_out = store.apply(&batch).await;
+            assert!(
+                matches!(timed_out, Err(StoreError::Timeout(_))),
+                "coalesce {coalesce}: {timed_out:?}"
+            );
+        }
+        redis.resume();
+        wait_evalsha(redis.port(), before + 3).await;
+        // Refunded: the late replies have been read.
+        expect_counter(&reader, "late", 0).await;
+        let refused = store.apply(&batch).await;
+        assert!(
+            matches!(refused, Err(StoreError::CircuitOpen(_))),
+            "coalesce {coalesce}: the breaker closed on a late reply: {refused:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,8 @@ pub use memory::{MemoryStore, MemoryStoreConfig};
 #[cfg(feature = "bench")]
 pub use redis::server_info;
 pub use redis::{
-    LuaScript, RedisStore, RedisStoreConfig, RedisTls, RedisUrl, ScriptRunner, TimeSource,
+    Coalescing, LuaScript, RedisStore, RedisStoreConfig, RedisTls, RedisUrl, ScriptRunner,
+    TimeSource,
 };
 
 use std::future::Future;

@@ -1,6 +1,6 @@
 //! The Redis store: one `EVALSHA` of `decide.lua` (assembled from
-//! `redis/decide/`) per request (per
-//! slot group on Redis Cluster). The only module (with `redis/`) that sees
+//! `redis/decide/`) per request (per slot group on Redis Cluster), or per
+//! several requests of one hot counter (`redis/coalesce.rs`). The only module (with `redis/`) that sees
 //! the Redis client (redis-rs; `redis/dial.rs` says how connections are
 //! made, and BENCHMARKS.md why this client).
 //!
@@ -33,6 +33,7 @@
 //! breaker is closed).
 
 mod cluster;
+mod coalesce;
 mod dial;
 #[cfg(feature = "bench")]
 mod info;
@@ -49,6 +50,8 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 
 use self::cluster::Cluster;
+pub use self::coalesce::Coalescing;
+use self::coalesce::{Lane, Lanes};
 use self::dial::{Dialer, Place};
 #[cfg(feature = "bench")]
 pub use self::info::server_info;
@@ -114,15 +117,17 @@ pub struct RedisStoreConfig {
     /// windows is counted there, every other one in `url`. `None`: one
     /// Redis for all.
     pub per_second_url: Option<RedisUrl>,
+    /// Whether requests of one counter that arrive while a call for it is
+    /// in flight share the next call (see `redis/coalesce.rs`).
+    pub coalesce: bool,
 }
 
 /// The Redis counter store.
 pub struct RedisStore {
     shared: Arc<Shared>,
     prefix: String,
-    /// In local time mode, `now` is sent to the script.
-    local_time: bool,
     timeout: Duration,
+    coalesce: bool,
 }
 
 /// What a call needs, shared with the background tasks that finish calls
@@ -136,10 +141,14 @@ struct Shared {
     breaker: Option<BreakerConfig>,
     /// The breakers' clock, and the scripts' in local time mode.
     clock: Arc<dyn Clock>,
+    /// In local time mode, `now` is sent to the script.
+    local_time: bool,
+    /// Hot counters' queues (see `redis/coalesce.rs`).
+    lanes: Lanes,
 }
 
 /// Which Redis a call goes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Target {
     /// `url`: every counter but those that go to `PerSecond`.
     Main,
@@ -222,6 +231,8 @@ impl RedisStore {
             refund: Script::new(REFUND),
             breaker: config.breaker,
             clock,
+            local_time: config.time == TimeSource::Local,
+            lanes: Lanes::default(),
         });
         let nodes: Vec<Arc<Node>> = std::iter::once(&shared.route)
             .chain(&shared.per_second)
@@ -246,8 +257,8 @@ impl RedisStore {
         Ok(Self {
             shared,
             prefix: config.key_prefix.clone(),
-            local_time: config.time == TimeSource::Local,
             timeout: config.timeout,
+            coalesce: config.coalesce,
         })
     }
 
@@ -259,6 +270,11 @@ impl RedisStore {
             Route::Single(node) => node.connection().ok(),
             Route::Cluster(_) => None,
         }
+    }
+
+    /// What is being coalesced now (see `redis/coalesce.rs`).
+    pub fn coalescing(&self) -> Coalescing {
+        self.shared.lanes.load()
     }
 
     /// Closes every connection and stops reconnecting; calls still in
@@ -539,7 +555,7 @@ impl Shared {
         let sent = node.run(eval, asking).await;
         let counts = match guard {
             Guard::Breaker => true,
-            Guard::Abandonable(abandoned) => !abandoned.load(Ordering::Relaxed),
+            Guard::Abandonable(waiting) => !waiting.abandoned(),
             Guard::Bypass => false,
         };
         if let Some(config) = self.breaker.as_ref().filter(|_| counts) {
@@ -630,6 +646,19 @@ impl Owed {
     }
 }
 
+/// Whoever waits for a call's reply.
+trait Waiting: Send + Sync {
+    /// Whether nobody does any more.
+    fn abandoned(&self) -> bool;
+}
+
+/// Set when the one caller stops waiting.
+impl Waiting for AtomicBool {
+    fn abandoned(&self) -> bool {
+        self.load(Ordering::Relaxed)
+    }
+}
+
 /// How a call meets its node's breaker.
 enum Guard {
     /// Refused while the breaker is open; its outcome moves the breaker.
@@ -637,7 +666,7 @@ enum Guard {
     /// The same until the flag is set: its caller stopped waiting (which
     /// already counted against the breaker), so a late reply must not close
     /// a breaker that a slow Redis should open.
-    Abandonable(Arc<AtomicBool>),
+    Abandonable(Arc<dyn Waiting>),
     /// Neither refused nor counted: refunds, which keep counters true and
     /// go to a Redis that has just answered.
     Bypass,
@@ -729,21 +758,35 @@ impl CounterStore for RedisStore {
     }
 
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
+        // `None`: Redis's clock.
+        let now = self
+            .shared
+            .local_time
+            .then(|| i64::try_from(self.shared.clock.now()).unwrap_or(i64::MAX));
+        if let [item] = &batch.items[..] {
+            // One descriptor (the usual request): one call, nothing to group.
+            let key = item.identity.storage_key(&self.prefix);
+            let target = self.shared.target(item.limits.iter().map(|l| &l.window));
+            let place = (target, self.shared.slot(target, &key));
+            if self.coalesce
+                && let Some(limit) = coalesce::shared_limit(item)
+            {
+                let (target, slot) = place;
+                let lane = Lane {
+                    target,
+                    slot,
+                    key,
+                    limit,
+                };
+                return self.shared.coalesced(lane, item, self.timeout).await;
+            }
+            return self.decide_whole(place, batch, &[0], &[key], now).await;
+        }
         let keys: Vec<String> = batch
             .items
             .iter()
             .map(|i| i.identity.storage_key(&self.prefix))
             .collect();
-        // `None`: Redis's clock.
-        let now = self
-            .local_time
-            .then(|| i64::try_from(self.shared.clock.now()).unwrap_or(i64::MAX));
-        if let [item] = &batch.items[..] {
-            // One descriptor (the usual request): one call, nothing to group.
-            let target = self.shared.target(item.limits.iter().map(|l| &l.window));
-            let place = (target, self.shared.slot(target, &keys[0]));
-            return self.decide_whole(place, batch, &[0], &keys, now).await;
-        }
         // Which Redis each item's counters live in.
         let targets: Vec<Target> = batch
             .items

@@ -360,6 +360,7 @@ pub async fn redis_store_sharing(
     let config = RedisStoreConfig {
         tls: sluice::store::RedisTls::default(),
         per_second_url: None,
+        coalesce: true,
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,

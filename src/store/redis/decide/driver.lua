@@ -18,7 +18,7 @@ window). Admission and the writes are one code for both paths.
 local width = whole and 6 or 8
 -- `only` is the single path's key record; `one_*` its item, algorithm,
 -- state, limit and use between the passes (it makes no item record).
-local reply, only, one_role, one_hits, one_over, one_alg, one_st, one_l, one_used
+local reply, only, one_role, one_hits, one_over, one_alg, one_st, one_l, one_used, one_loaded
 if single then
   local role, hits, code = ARGV[3], ARGV[4] + 0, ARGV[8]
   local alg = code == '0' and sliding_window or code == '1' and fixed_window
@@ -43,7 +43,7 @@ if single then
   end
 
   one_role, one_hits, one_over = role, hits, over
-  one_alg, one_st, one_l, one_used = alg, st, l, used
+  one_alg, one_st, one_l, one_used, one_loaded = alg, st, l, used, loaded
 else
   -- Plan the reads: one state per distinct counter (a counter named twice,
   -- by two limits with one window, is one state).
@@ -140,18 +140,39 @@ if single then
   if not whole and role < '3' then
     reset_before, full_before = alg('report', st, l)
   end
-  local slot = -1
+  local slot, counted = -1, 0
   if role == '3' then
     used = alg('give', st, l, hits)
-  elseif hits > 0 and (applied or role >= '4') then
+  elseif applied or role >= '4' then
+    counted = hits
+  end
+  reply = { applied and 1 or 0, used, 0, over and 1 or 0, 0, 0, -1 }
+  -- Coalesced requests (a whole call's ARGV from 10; see prelude.lua): each
+  -- decided in turn, as if every earlier admitted one were counted (an
+  -- enforcing request alone is admitted exactly when it fits), and all
+  -- counted at once below.
+  for i = 10, #ARGV do
+    local h = ARGV[i] + 0
+    local fits
+    if one_loaded then
+      fits = used + counted + h <= l[3]
+    else
+      fits = alg('fits', st, l, counted + h)
+    end
+    if fits then
+      counted = counted + h
+    end
+    reply[i - 2] = fits and 0 or 1
+  end
+  if counted > 0 then
     local until_ms
-    slot, until_ms = alg('add', st, l, hits)
+    slot, until_ms = alg('add', st, l, counted)
     if until_ms > only[5] then
       only[5] = until_ms
     end
   end
   local reset, full = alg('report', st, l)
-  reply = { applied and 1 or 0, used, 0, over and 1 or 0, reset, full, slot }
+  reply[5], reply[6], reply[7] = reset, full, slot
   if not whole then
     reply[8], reply[9] = reset_before or reset, full_before or full
   end

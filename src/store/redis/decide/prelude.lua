@@ -31,6 +31,11 @@ limit: requests, duration_ms, algorithm, param:
   2 token_bucket    param = burst
   3 sliding_log     param = 0; 1 for concurrency (a log of leased slots,
                     window = lease, fields "D:c:…")
+A whole call of one enforcing item (role 0) with one limit may carry more
+requests of that key and limit, coalesced by the caller (see
+src/store/redis/coalesce.rs): after the limit, one weight per request.
+Each is decided in turn after the first, as if every earlier admitted one
+were counted, which is what separate calls in that order would decide.
 
 Reply: { applied (1|0), then per limit:
                   used, pending, over, reset, full, slot
@@ -48,6 +53,9 @@ Reply: { applied (1|0), then per limit:
   *_before the same two before this request: the caller of a refunded
            part reports them. A whole request is never refunded, so its
            reply leaves them out (every value costs Redis and the caller).
+        then, per coalesced request, 1 if it was over (not admitted), 0 if
+        it was counted; the first request's reset, full and slot are those
+        after all of them (what is stored when the reply leaves).
 
 Fields of a HASH: each algorithm's file lists its own, under a prefix
 "D:…:" (D = duration_ms) that keeps every counter of the identity apart, and

@@ -1,0 +1,373 @@
+//! Coalescing: the requests of one hot counter, decided together.
+//!
+//! A counter that many requests hit at once (a tenant's limit, a global
+//! one) would cost Redis one script call per request, most of it the
+//! call's own overhead (reading and writing the HASH, running the chunk)
+//! rather than the decision. So requests that can share a call (one
+//! identity, one enforcing limit, counted only when admitted: the default's
+//! shape, see [`shared_limit`]) queue per counter: while a call for that counter
+//! is in flight, the next requests wait, and the call that follows carries
+//! them all (up to [`MOST_PER_CALL`]). decide.lua decides them in turn, each
+//! as if every earlier admitted one were counted: exactly what separate
+//! calls in that order would decide. A request that finds its counter idle
+//! is sent at once, so coalescing adds no wait to a quiet counter; under
+//! load it trades one Redis round trip of latency for far less work per
+//! request, in Redis and here.
+//!
+//! Each counter's calls are made by a task of their own (the *flusher*,
+//! which lives while its queue is not empty), never by a request's task: a
+//! caller that goes away, its gRPC request cancelled or timed out, must not
+//! take the other requests' call with it.
+//!
+//! **Answers and counters agree.** A request is sent only while its caller
+//! still waits. A caller that stops waiting after its request was sent (it
+//! timed out, or was cancelled) is not told anything, so what its request
+//! counted is refunded. A call that outlives the timeout is treated as
+//! `decide_part` treats one: every request on it is told `Timeout`, a task
+//! waits for the late reply, and refunds whatever it counted.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::node::Eval;
+use super::wire::{Answer, LIMIT_ARGS, answer_len, answers, hits, limit_args};
+use super::{Guard, Owed, RECONCILE_WAIT, Shared, Target, Waiting};
+use crate::limiter::{Algorithm, Counting, LimitSpec, Role, admits};
+use crate::store::{BatchItem, BatchOutcome, StoreError};
+
+/// Most requests one call carries (each adds one argument and one reply
+/// value; the rest wait for the next call).
+pub(super) const MOST_PER_CALL: usize = 64;
+
+/// Requests that can share a call: one counter and one limit, in one place.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Lane {
+    pub(super) target: Target,
+    pub(super) slot: u16,
+    pub(super) key: String,
+    pub(super) limit: LimitSpec,
+}
+
+/// The one limit of `item`, the one item of its request, when the request
+/// can share a call; `None` when it cannot: more than one limit, a role
+/// other than enforcing, a weight counted even when refused, a refund, or
+/// an algorithm whose hits are not one number (a sliding log keeps each
+/// request's time; a concurrency lease is released one by one).
+pub(super) fn shared_limit(item: &BatchItem) -> Option<LimitSpec> {
+    let [limit] = item.limits[..] else {
+        return None;
+    };
+    let shareable = item.role == Role::Enforce
+        && item.counting == Counting::Admitted
+        && !item.refund
+        && matches!(
+            limit.window.algorithm,
+            Algorithm::SlidingWindow { .. }
+                | Algorithm::FixedWindow
+                | Algorithm::TokenBucket { .. }
+        );
+    shareable.then_some(limit)
+}
+
+/// What the store is coalescing now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Coalescing {
+    /// Counters with a call in flight (or about to be).
+    pub counters: usize,
+    /// Requests waiting for their counter's call to end, to share the next.
+    pub waiting: usize,
+}
+
+/// One request waiting in its lane.
+struct Waiter {
+    hits: u64,
+    /// Taken when the request is answered (or told it timed out).
+    tell: Option<oneshot::Sender<Result<Verdict, StoreError>>>,
+}
+
+/// What a shared call decided for one request.
+#[derive(Debug)]
+struct Verdict {
+    admitted: bool,
+    /// The counter before this request, and this limit's answer.
+    answer: Answer,
+}
+
+/// The lanes with a call in flight (or about to be), and who waits in each.
+#[derive(Default)]
+pub(super) struct Lanes(Mutex<HashMap<Lane, Vec<Waiter>>>);
+
+impl Lanes {
+    /// How many lanes are busy, and how many requests wait in them.
+    pub(super) fn load(&self) -> Coalescing {
+        let lanes = self.lock();
+        Coalescing {
+            counters: lanes.len(),
+            waiting: lanes.values().map(Vec::len).sum(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Lane, Vec<Waiter>>> {
+        // Nothing panics while holding it; a poisoned map is still whole.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Shared {
+    /// Decides `item`, the one item of its request, in `lane`, with the
+    /// other requests waiting there; waits at most `timeout`.
+    pub(super) async fn coalesced(
+        self: &Arc<Self>,
+        lane: Lane,
+        item: &BatchItem,
+        timeout: Duration,
+    ) -> Result<BatchOutcome, StoreError> {
+        let (target, slot, started) = (lane.target, lane.slot, self.clock.now());
+        let (tell, answer) = oneshot::channel();
+        let waiter = Waiter {
+            hits: item.hits,
+            tell: Some(tell),
+        };
+        let idle = match self.lanes.lock().entry(lane) {
+            Entry::Occupied(mut queue) => {
+                queue.get_mut().push(waiter);
+                None
+            }
+            Entry::Vacant(empty) => {
+                let lane = empty.key().clone();
+                empty.insert(vec![waiter]);
+                Some(lane)
+            }
+        };
+        if let Some(lane) = idle {
+            tokio::spawn(self.clone().flush(lane, timeout));
+        }
+        // The receiver is dropped here: a flusher then sees this caller gone.
+        let told = tokio::time::timeout(timeout, answer).await;
+        let result = match told {
+            Ok(Ok(verdict)) => verdict.map(|v| BatchOutcome {
+                admitted: v.admitted,
+                limits: vec![v.answer.outcome(item, v.admitted)],
+            }),
+            Ok(Err(_)) => Err(StoreError::Unavailable(
+                "the call carrying this request was dropped".into(),
+            )),
+            // The flusher refunds what this request counted, if it was sent.
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        };
+        // Told by its own timer or by the flusher's: each request that times
+        // out counts against the breaker, as it does alone.
+        if let Err(StoreError::Timeout(_)) = result {
+            self.timed_out(target, slot, started);
+        }
+        result
+    }
+
+    /// The flusher of `lane`: one call at a time for whoever waits there,
+    /// until nobody does.
+    async fn flush(self: Arc<Self>, lane: Lane, timeout: Duration) {
+        // Should this task end early (a panic), the lane must not stay
+        // marked busy with nobody to flush it.
+        let mut leaving = Leaving {
+            lanes: &self.lanes,
+            lane: Some(&lane),
+        };
+        loop {
+            let mut members = {
+                let mut lanes = self.lanes.lock();
+                let Some(queue) = lanes.get_mut(&lane).filter(|q| !q.is_empty()) else {
+                    lanes.remove(&lane);
+                    leaving.lane = None;
+                    return;
+                };
+                if queue.len() <= MOST_PER_CALL {
+                    std::mem::take(queue)
+                } else {
+                    queue.drain(..MOST_PER_CALL).collect()
+                }
+            };
+            // Who stopped waiting before anything was sent is not sent.
+            members.retain(|m| m.tell.as_ref().is_some_and(|t| !t.is_closed()));
+            if !members.is_empty() {
+                self.call(&lane, members, timeout).await;
+            }
+        }
+    }
+
+    /// One call deciding `members` (at least one), in their order; past
+    /// `timeout` it is left to finish in the background and reconciled.
+    async fn call(self: &Arc<Self>, lane: &Lane, members: Vec<Waiter>, timeout: Duration) {
+        let now = self
+            .local_time
+            .then(|| i64::try_from(self.clock.now()).unwrap_or(i64::MAX));
+        // As decide.lua takes them: now, mode, the first request's role,
+        // weight and number of limits, the limit, then the others' weights.
+        let mut eval = Eval::new(
+            &self.decide,
+            [lane.key.as_str()],
+            lane.slot,
+            4 + LIMIT_ARGS + members.len(),
+        );
+        let args = &mut eval.cmd;
+        match now {
+            Some(now) => args.arg(now),
+            None => args.arg(""),
+        };
+        args.arg("all").arg(0).arg(hits(members[0].hits)).arg(1);
+        args.arg(&limit_args(&lane.limit)[..]);
+        for member in &members[1..] {
+            args.arg(hits(member.hits));
+        }
+        // Shared with the breaker's guard: a late reply, when every member
+        // stopped waiting, must not close a breaker their timeouts opened.
+        let members = Arc::new(Members(Mutex::new(members)));
+        let mut sent = Box::pin(self.clone().send(
+            lane.target,
+            eval,
+            Guard::Abandonable(members.clone()),
+        ));
+        let reply = match tokio::time::timeout(timeout, &mut sent).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                for member in members.lock().iter_mut() {
+                    if let Some(tell) = member.tell.take() {
+                        let _ = tell.send(Err(StoreError::Timeout(timeout)));
+                    }
+                }
+                let (shared, lane) = (self.clone(), lane.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(RECONCILE_WAIT, sent).await {
+                        Ok(Ok(reply)) => {
+                            let members = members.take();
+                            tracing::info!(
+                                requests = members.len(),
+                                "refunding coalesced decisions that ran after their callers' timeout"
+                            );
+                            shared.answer(&lane, members, &reply);
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "a Redis call that timed out then failed");
+                        }
+                        Err(_) => {
+                            tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
+                        }
+                    }
+                });
+                return;
+            }
+        };
+        let members = members.take();
+        match reply {
+            Ok(reply) => self.answer(lane, members, &reply),
+            Err(e) => {
+                for tell in members.into_iter().filter_map(|m| m.tell) {
+                    let _ = tell.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Tells each member what `reply` decided for it, and refunds what was
+    /// counted for members no longer waiting (in a task of its own, so the
+    /// lane's next call does not wait for it).
+    fn answer(self: &Arc<Self>, lane: &Lane, members: Vec<Waiter>, reply: &[i64]) {
+        let whole = answer_len(true);
+        let Some(first) = (reply.len() == 1 + whole + members.len() - 1)
+            .then(|| answers(&reply[..1 + whole], true).next())
+            .flatten()
+        else {
+            let e = StoreError::Unavailable(format!(
+                "unexpected script reply of {} values",
+                reply.len()
+            ));
+            for tell in members.into_iter().filter_map(|m| m.tell) {
+                let _ = tell.send(Err(e.clone()));
+            }
+            return;
+        };
+        let (mut counted, mut unclaimed) = (0u64, 0u64);
+        for (i, member) in members.into_iter().enumerate() {
+            let over = if i == 0 {
+                first.over
+            } else {
+                reply[whole + i] == 1
+            };
+            let admitted = admits([(Role::Enforce, over)]);
+            let answer = Answer {
+                before: first.before.saturating_add(counted),
+                pending: 0,
+                over,
+                ..first
+            };
+            if admitted {
+                counted = counted.saturating_add(member.hits);
+            }
+            let told = member
+                .tell
+                .is_some_and(|tell| tell.send(Ok(Verdict { admitted, answer })).is_ok());
+            if admitted && !told {
+                unclaimed = unclaimed.saturating_add(member.hits);
+            }
+        }
+        if unclaimed > 0 {
+            let owed = Owed {
+                target: lane.target,
+                key: lane.key.clone(),
+                limits: vec![lane.limit],
+                hits: unclaimed,
+            };
+            let shared = self.clone();
+            tokio::spawn(async move {
+                shared
+                    .refund(vec![(owed, vec![first])], RECONCILE_WAIT)
+                    .await;
+            });
+        }
+    }
+}
+
+/// The members of one call, until they are answered.
+struct Members(Mutex<Vec<Waiter>>);
+
+impl Members {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Waiter>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take(&self) -> Vec<Waiter> {
+        std::mem::take(&mut *self.lock())
+    }
+}
+
+impl Waiting for Members {
+    fn abandoned(&self) -> bool {
+        self.lock()
+            .iter()
+            .all(|m| m.tell.as_ref().is_none_or(|t| t.is_closed()))
+    }
+}
+
+/// Frees a flusher's lane if the flusher ends without freeing it itself,
+/// failing whoever waits there.
+struct Leaving<'a> {
+    lanes: &'a Lanes,
+    lane: Option<&'a Lane>,
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane
+            && let Some(waiting) = self.lanes.lock().remove(lane)
+        {
+            for tell in waiting.into_iter().filter_map(|m| m.tell) {
+                let _ = tell.send(Err(StoreError::Unavailable(
+                    "the call carrying this request was dropped".into(),
+                )));
+            }
+        }
+    }
+}
