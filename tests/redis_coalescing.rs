@@ -187,3 +187,47 @@ async fn a_hot_counter_shares_calls_and_decides_each_request_in_turn() {
         wait_for(&store, Coalescing::default()).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_first_request_hands_its_followers_on() {
+    let redis = RedisServer::start();
+    let store = open(&redis.url()).await;
+    let limit = support::per_minute(LIMIT);
+    redis.pause();
+    let first = {
+        let (store, batch) = (store.clone(), batch("cancelled", limit, 1));
+        tokio::spawn(async move { store.apply(&batch).await })
+    };
+    wait_for(
+        &store,
+        Coalescing {
+            counters: 1,
+            waiting: 0,
+        },
+    )
+    .await;
+    let followers: Vec<_> = (0..10)
+        .map(|_| {
+            let (store, batch) = (store.clone(), batch("cancelled", limit, 1));
+            tokio::spawn(async move { store.apply(&batch).await })
+        })
+        .collect();
+    wait_for(
+        &store,
+        Coalescing {
+            counters: 1,
+            waiting: 10,
+        },
+    )
+    .await;
+    // Its gRPC request reset: the first request's future is dropped while
+    // its call is in flight.
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    redis.resume();
+    for follower in join_all(followers).await {
+        let outcome = follower.expect("no panic").expect("answered");
+        assert!(outcome.admitted, "{outcome:?}");
+    }
+    wait_for(&store, Coalescing::default()).await;
+}

@@ -51,7 +51,7 @@ use serde::{Deserialize, Serialize};
 
 use self::cluster::Cluster;
 pub use self::coalesce::Coalescing;
-use self::coalesce::{Lane, Lanes};
+use self::coalesce::{Lane, Lanes, Turn};
 use self::dial::{Dialer, Place};
 #[cfg(feature = "bench")]
 pub use self::info::server_info;
@@ -298,7 +298,7 @@ impl RedisStore {
         (target, slot): (Target, u16),
         batch: &Batch,
         items: &[usize],
-        keys: &[String],
+        keys: &[impl AsRef<str>],
         whole: bool,
         now: Option<i64>,
     ) -> Result<Vec<i64>, StoreError> {
@@ -308,7 +308,7 @@ impl RedisStore {
         let arg_count = 2 + 3 * items.len() + LIMIT_ARGS * limit_count;
         let mut eval = Eval::new(
             &self.shared.decide,
-            items.iter().map(|&i| keys[i].as_str()),
+            items.iter().map(|&i| keys[i].as_ref()),
             slot,
             arg_count,
         );
@@ -356,7 +356,7 @@ impl RedisStore {
                 self.shared.timed_out(target, slot, started);
                 let owed = items
                     .iter()
-                    .map(|&i| Owed::new(target, &keys[i], &batch.items[i]))
+                    .map(|&i| Owed::new(target, keys[i].as_ref(), &batch.items[i]))
                     .collect();
                 let shared = self.shared.clone();
                 tokio::spawn(async move {
@@ -382,7 +382,7 @@ impl RedisStore {
         place: (Target, u16),
         batch: &Batch,
         items: &[usize],
-        keys: &[String],
+        keys: &[impl AsRef<str>],
         now: Option<i64>,
     ) -> Result<BatchOutcome, StoreError> {
         let reply = self
@@ -778,7 +778,13 @@ impl CounterStore for RedisStore {
                     key,
                     limit,
                 };
-                return self.shared.coalesced(lane, item, self.timeout).await;
+                return match self.shared.join(lane, item.hits, self.timeout) {
+                    Turn::First(next) => {
+                        let keys = [next.lane.key.as_str()];
+                        self.decide_whole(place, batch, &[0], &keys, now).await
+                    }
+                    Turn::Queued(queued) => self.shared.wait(queued, item, self.timeout).await,
+                };
             }
             return self.decide_whole(place, batch, &[0], &[key], now).await;
         }

@@ -9,22 +9,24 @@
 //! is in flight, the next requests wait, and the call that follows carries
 //! them all (up to [`MOST_PER_CALL`]). decide.lua decides them in turn, each
 //! as if every earlier admitted one were counted: exactly what separate
-//! calls in that order would decide. A request that finds its counter idle
-//! is sent at once, so coalescing adds no wait to a quiet counter; under
-//! load it trades one Redis round trip of latency for far less work per
-//! request, in Redis and here.
+//! calls in that order would decide. Coalescing adds no wait to a quiet
+//! counter; on a busy one it trades up to one Redis round trip of latency
+//! for far less work per request, in Redis and here.
 //!
-//! Each counter's calls are made by a task of their own (the *flusher*,
-//! which lives while its queue is not empty), never by a request's task: a
-//! caller that goes away, its gRPC request cancelled or timed out, must not
-//! take the other requests' call with it.
+//! A request that finds its counter idle is decided by its own task, as
+//! any other request (see [`Turn::First`]); the only cost is marking the
+//! counter busy. When it is done (answered, timed out or cancelled), the
+//! requests that queued meanwhile are handed to a task of their own, the
+//! *flusher*, which makes one call at a time for whoever waits, until
+//! nobody does: a caller that goes away must not take the others' call
+//! with it.
 //!
 //! **Answers and counters agree.** A request is sent only while its caller
 //! still waits. A caller that stops waiting after its request was sent (it
 //! timed out, or was cancelled) is not told anything, so what its request
-//! counted is refunded. A call that outlives the timeout is treated as
-//! `decide_part` treats one: every request on it is told `Timeout`, a task
-//! waits for the late reply, and refunds whatever it counted.
+//! counted is refunded. A shared call that outlives the timeout is treated
+//! as `decide_part` treats one: every request on it is told `Timeout`, a
+//! task waits for the late reply, and refunds whatever it counted.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -117,37 +119,94 @@ impl Lanes {
     }
 }
 
+/// A request's place in its lane.
+pub(super) enum Turn {
+    /// The lane was idle: the request is decided alone, by its caller; the
+    /// lane is handed on when this is dropped (answered, timed out or
+    /// cancelled alike).
+    First(HandOff),
+    /// A call is in flight: the request waits for the next one.
+    Queued(Queued),
+}
+
+/// A request waiting in a lane (see [`Shared::wait`]).
+pub(super) struct Queued {
+    answer: oneshot::Receiver<Result<Verdict, StoreError>>,
+    target: Target,
+    slot: u16,
+    started: u64,
+}
+
+/// Hands a lane on when its first request is done: to a flusher when
+/// requests wait there, or back to idle.
+pub(super) struct HandOff {
+    shared: Arc<Shared>,
+    pub(super) lane: Lane,
+    timeout: Duration,
+}
+
+impl Drop for HandOff {
+    fn drop(&mut self) {
+        let mut lanes = self.shared.lanes.lock();
+        if lanes.get(&self.lane).is_none_or(Vec::is_empty) {
+            lanes.remove(&self.lane);
+            return;
+        }
+        drop(lanes);
+        // Dropped outside a runtime only when it is shutting down: the
+        // waiting requests are then failed (see `Leaving`).
+        let lane = self.lane.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(self.shared.clone().flush(lane, self.timeout));
+        } else {
+            drop(Leaving {
+                lanes: &self.shared.lanes,
+                lane: Some(&lane),
+            });
+        }
+    }
+}
+
 impl Shared {
-    /// Decides `item`, the one item of its request, in `lane`, with the
-    /// other requests waiting there; waits at most `timeout`.
-    pub(super) async fn coalesced(
-        self: &Arc<Self>,
-        lane: Lane,
+    /// Joins `lane` with a request of weight `hits` that waits at most
+    /// `timeout`.
+    pub(super) fn join(self: &Arc<Self>, lane: Lane, hits: u64, timeout: Duration) -> Turn {
+        match self.lanes.lock().entry(lane) {
+            Entry::Occupied(mut queue) => {
+                let (tell, answer) = oneshot::channel();
+                queue.get_mut().push(Waiter {
+                    hits,
+                    tell: Some(tell),
+                });
+                Turn::Queued(Queued {
+                    answer,
+                    target: queue.key().target,
+                    slot: queue.key().slot,
+                    started: self.clock.now(),
+                })
+            }
+            Entry::Vacant(idle) => {
+                let lane = idle.key().clone();
+                idle.insert(Vec::new());
+                Turn::First(HandOff {
+                    shared: self.clone(),
+                    lane,
+                    timeout,
+                })
+            }
+        }
+    }
+
+    /// Waits (at most `timeout`) for what a shared call decided for
+    /// `item`, the one item of its request.
+    pub(super) async fn wait(
+        &self,
+        queued: Queued,
         item: &BatchItem,
         timeout: Duration,
     ) -> Result<BatchOutcome, StoreError> {
-        let (target, slot, started) = (lane.target, lane.slot, self.clock.now());
-        let (tell, answer) = oneshot::channel();
-        let waiter = Waiter {
-            hits: item.hits,
-            tell: Some(tell),
-        };
-        let idle = match self.lanes.lock().entry(lane) {
-            Entry::Occupied(mut queue) => {
-                queue.get_mut().push(waiter);
-                None
-            }
-            Entry::Vacant(empty) => {
-                let lane = empty.key().clone();
-                empty.insert(vec![waiter]);
-                Some(lane)
-            }
-        };
-        if let Some(lane) = idle {
-            tokio::spawn(self.clone().flush(lane, timeout));
-        }
         // The receiver is dropped here: a flusher then sees this caller gone.
-        let told = tokio::time::timeout(timeout, answer).await;
+        let told = tokio::time::timeout(timeout, queued.answer).await;
         let result = match told {
             Ok(Ok(verdict)) => verdict.map(|v| BatchOutcome {
                 admitted: v.admitted,
@@ -162,7 +221,7 @@ impl Shared {
         // Told by its own timer or by the flusher's: each request that times
         // out counts against the breaker, as it does alone.
         if let Err(StoreError::Timeout(_)) = result {
-            self.timed_out(target, slot, started);
+            self.timed_out(queued.target, queued.slot, queued.started);
         }
         result
     }
