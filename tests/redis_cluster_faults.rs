@@ -17,9 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::limiter::{
-    Clock, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, SystemClock,
-};
+use sluice::limiter::{Clock, IdentityBuilder, LimitSpec, ManualClock, SystemClock};
 use sluice::store::{
     Batch, BatchItem, BreakerConfig, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
     StoreError, TimeSource,
@@ -33,16 +31,7 @@ const ROOMY: u64 = 1_000_000_000;
 const RECOVERY: Duration = Duration::from_secs(2);
 
 fn item(name: &str, limit: LimitSpec, hits: u64) -> BatchItem {
-    let mut identity = IdentityBuilder::new("faults");
-    identity.value("id", name);
-    BatchItem {
-        identity: identity.build(),
-        limits: vec![limit],
-        hits,
-        role: Role::Enforce,
-        counting: Counting::Admitted,
-        refund: false,
-    }
+    support::enforcing("faults", name, limit, hits)
 }
 
 /// A store on `cluster` with its own prefix; calls may take a second (these

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::limiter::{Algorithm, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
+use sluice::limiter::{Algorithm, LimitSpec, ManualClock, Window};
 use sluice::store::{
-    Batch, BatchItem, BatchOutcome, Coalescing, CounterStore, RedisStore, RedisStoreConfig,
-    RedisUrl, TimeSource,
+    Batch, BatchOutcome, Coalescing, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
+    TimeSource,
 };
 use support::redis::RedisServer;
 
@@ -20,17 +20,8 @@ const LIMIT: u64 = 100;
 const REQUESTS: usize = 200;
 
 fn batch(name: &str, limit: LimitSpec, hits: u64) -> Batch {
-    let mut identity = IdentityBuilder::new("coalescing");
-    identity.value("id", name);
     Batch {
-        items: vec![BatchItem {
-            identity: identity.build(),
-            limits: vec![limit],
-            hits,
-            role: Role::Enforce,
-            counting: Counting::Admitted,
-            refund: false,
-        }],
+        items: vec![support::enforcing("coalescing", name, limit, hits)],
     }
 }
 
@@ -63,6 +54,19 @@ fn evalsha_calls(redis: &RedisServer) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// Polls until one counter has a call in flight and `waiting` requests
+/// wait for it.
+async fn wait_for_one_call(store: &RedisStore, waiting: usize) {
+    wait_for(
+        store,
+        Coalescing {
+            counters: 1,
+            waiting,
+        },
+    )
+    .await;
 }
 
 /// Polls (at most 10 s) until the store coalesces `want`.
@@ -142,24 +146,10 @@ async fn a_hot_counter_shares_calls_and_decides_each_request_in_turn() {
             tokio::spawn(async move { (hits, store.apply(&batch).await) })
         };
         let mut sent = vec![apply(1)];
-        wait_for(
-            &store,
-            Coalescing {
-                counters: 1,
-                waiting: 0,
-            },
-        )
-        .await;
+        wait_for_one_call(&store, 0).await;
         sent.extend((1..REQUESTS as u64).map(|i| apply(i % 3 + 1)));
         let queued = REQUESTS - 1;
-        wait_for(
-            &store,
-            Coalescing {
-                counters: 1,
-                waiting: queued,
-            },
-        )
-        .await;
+        wait_for_one_call(&store, queued).await;
         redis.resume();
 
         let answers: Vec<(u64, BatchOutcome)> = join_all(sent)
@@ -198,28 +188,14 @@ async fn a_cancelled_first_request_hands_its_followers_on() {
         let (store, batch) = (store.clone(), batch("cancelled", limit, 1));
         tokio::spawn(async move { store.apply(&batch).await })
     };
-    wait_for(
-        &store,
-        Coalescing {
-            counters: 1,
-            waiting: 0,
-        },
-    )
-    .await;
+    wait_for_one_call(&store, 0).await;
     let followers: Vec<_> = (0..10)
         .map(|_| {
             let (store, batch) = (store.clone(), batch("cancelled", limit, 1));
             tokio::spawn(async move { store.apply(&batch).await })
         })
         .collect();
-    wait_for(
-        &store,
-        Coalescing {
-            counters: 1,
-            waiting: 10,
-        },
-    )
-    .await;
+    wait_for_one_call(&store, 10).await;
     // Its gRPC request reset: the first request's future is dropped while
     // its call is in flight.
     first.abort();

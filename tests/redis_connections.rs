@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::limiter::{Algorithm, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
+use sluice::limiter::{Algorithm, LimitSpec, ManualClock, Window};
 use sluice::store::{
     Batch, BatchItem, CounterStore, RedisStore, RedisStoreConfig, RedisTls, RedisUrl, StoreError,
     TimeSource,
@@ -45,16 +45,7 @@ async fn connect(config: &RedisStoreConfig) -> Result<RedisStore, StoreError> {
 }
 
 fn item(name: &str, limit: LimitSpec) -> BatchItem {
-    let mut identity = IdentityBuilder::new("connections");
-    identity.value("id", name);
-    BatchItem {
-        identity: identity.build(),
-        limits: vec![limit],
-        hits: 1,
-        role: Role::Enforce,
-        counting: Counting::Admitted,
-        refund: false,
-    }
+    support::enforcing("connections", name, limit, 1)
 }
 
 fn per_second(requests: u64) -> LimitSpec {

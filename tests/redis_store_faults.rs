@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::limiter::{Counting, IdentityBuilder, ManualClock, Role};
+use sluice::limiter::ManualClock;
 use sluice::settings::Settings;
 use sluice::store::{
     Batch, BatchItem, BreakerConfig, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
@@ -20,16 +20,7 @@ use support::per_minute;
 use support::redis::{RedisCluster, RedisServer, key_slot};
 
 fn item(name: &str, hits: u64) -> BatchItem {
-    let mut identity = IdentityBuilder::new("timeouts");
-    identity.value("id", name);
-    BatchItem {
-        identity: identity.build(),
-        limits: vec![per_minute(5)],
-        hits,
-        role: Role::Enforce,
-        counting: Counting::Admitted,
-        refund: false,
-    }
+    support::enforcing("timeouts", name, per_minute(5), hits)
 }
 
 fn slot_of(prefix: &str, name: &str) -> u16 {

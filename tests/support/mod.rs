@@ -16,15 +16,15 @@ use std::sync::Arc;
 
 use sluice::decision::{Bounds, Limiter};
 use sluice::headers::HeaderMode;
-use sluice::limiter::{Algorithm, LimitSpec, ManualClock, Window};
+use sluice::limiter::{Algorithm, Counting, IdentityBuilder, LimitSpec, ManualClock, Role, Window};
 use sluice::proto as pb;
 use sluice::proto::RateLimitService as _;
 use sluice::rules::{RuleSet, load_paths};
 use sluice::server::{self, Listeners};
 use sluice::service::RateLimitService;
 use sluice::store::{
-    CounterStore, MemoryStore, MemoryStoreConfig, RedisStore, RedisStoreConfig, RedisUrl,
-    TimeSource,
+    BatchItem, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore, RedisStoreConfig,
+    RedisUrl, TimeSource,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -422,6 +422,21 @@ pub async fn rlqs_page(addr: SocketAddr) -> serde_json::Value {
 
 /// A limit of `requests` a minute, counted in a sliding window of 1 s
 /// buckets.
+/// A store item: `hits` on the counter of `id=<name>` in `domain` under
+/// `limit`, enforcing, counted only when admitted.
+pub fn enforcing(domain: &str, name: &str, limit: LimitSpec, hits: u64) -> BatchItem {
+    let mut identity = IdentityBuilder::new(domain);
+    identity.value("id", name);
+    BatchItem {
+        identity: identity.build(),
+        limits: vec![limit],
+        hits,
+        role: Role::Enforce,
+        counting: Counting::Admitted,
+        refund: false,
+    }
+}
+
 pub fn per_minute(requests: u64) -> LimitSpec {
     LimitSpec {
         requests,
