@@ -274,7 +274,7 @@ impl RedisStore {
 
     /// What is being coalesced now (see `redis/coalesce.rs`).
     pub fn coalescing(&self) -> Coalescing {
-        self.shared.lanes.load()
+        self.shared.lanes.now()
     }
 
     /// Closes every connection and stops reconnecting; calls still in

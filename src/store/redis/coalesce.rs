@@ -105,7 +105,7 @@ pub(super) struct Lanes(Mutex<HashMap<Lane, Vec<Waiter>>>);
 
 impl Lanes {
     /// How many lanes are busy, and how many requests wait in them.
-    pub(super) fn load(&self) -> Coalescing {
+    pub(super) fn now(&self) -> Coalescing {
         let lanes = self.lock();
         Coalescing {
             counters: lanes.len(),
@@ -116,6 +116,19 @@ impl Lanes {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Lane, Vec<Waiter>>> {
         // Nothing panics while holding it; a poisoned map is still whole.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Frees `lane` when nobody can flush it any more, failing whoever
+    /// waits there.
+    fn abandon(&self, lane: &Lane) {
+        let Some(waiting) = self.lock().remove(lane) else {
+            return;
+        };
+        for tell in waiting.into_iter().filter_map(|m| m.tell) {
+            let _ = tell.send(Err(StoreError::Unavailable(
+                "the call carrying this request was dropped".into(),
+            )));
+        }
     }
 }
 
@@ -153,16 +166,13 @@ impl Drop for HandOff {
             return;
         }
         drop(lanes);
-        // Dropped outside a runtime only when it is shutting down: the
-        // waiting requests are then failed (see `Leaving`).
-        let lane = self.lane.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(self.shared.clone().flush(lane, self.timeout));
-        } else {
-            drop(Leaving {
-                lanes: &self.shared.lanes,
-                lane: Some(&lane),
-            });
+        // Dropped outside a runtime only when it is shutting down.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let shared = self.shared.clone();
+                runtime.spawn(shared.flush(self.lane.clone(), self.timeout));
+            }
+            Err(_) => self.shared.lanes.abandon(&self.lane),
         }
     }
 }
@@ -410,8 +420,8 @@ impl Waiting for Members {
     }
 }
 
-/// Frees a flusher's lane if the flusher ends without freeing it itself,
-/// failing whoever waits there.
+/// Frees a flusher's lane if the flusher ends without freeing it itself
+/// (a panic), failing whoever waits there.
 struct Leaving<'a> {
     lanes: &'a Lanes,
     lane: Option<&'a Lane>,
@@ -419,14 +429,8 @@ struct Leaving<'a> {
 
 impl Drop for Leaving<'_> {
     fn drop(&mut self) {
-        if let Some(lane) = self.lane
-            && let Some(waiting) = self.lanes.lock().remove(lane)
-        {
-            for tell in waiting.into_iter().filter_map(|m| m.tell) {
-                let _ = tell.send(Err(StoreError::Unavailable(
-                    "the call carrying this request was dropped".into(),
-                )));
-            }
+        if let Some(lane) = self.lane {
+            self.lanes.abandon(lane);
         }
     }
 }
