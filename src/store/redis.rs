@@ -681,18 +681,8 @@ impl Shared {
         expected: usize,
         whole: bool,
     ) {
-        let reply = match late {
-            Ok(Ok(reply)) => reply,
-            // Not run (refused, not sent), or the connection went down after
-            // sending: nothing to take back that we can know of.
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "a Redis call that timed out then failed");
-                return;
-            }
-            Err(_) => {
-                tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
-                return;
-            }
+        let Some(reply) = late_reply(late) else {
+            return;
         };
         if reply.len() != expected || reply[0] != 1 {
             // Not counted (rejected), or not a reply we can read.
@@ -711,6 +701,26 @@ impl Shared {
             "refunding a decision that ran after its caller's timeout"
         );
         self.refund(parts, RECONCILE_WAIT).await;
+    }
+}
+
+/// The reply of a call that outlived its caller's timeout, awaited at most
+/// [`RECONCILE_WAIT`]; `None` (logged) when there is none to reconcile.
+fn late_reply(
+    late: Result<Result<Vec<i64>, StoreError>, tokio::time::error::Elapsed>,
+) -> Option<Vec<i64>> {
+    match late {
+        Ok(Ok(reply)) => Some(reply),
+        // Not run (refused, not sent), or the connection went down after
+        // sending: nothing to take back that we can know of.
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "a Redis call that timed out then failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
+            None
+        }
     }
 }
 

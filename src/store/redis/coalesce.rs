@@ -37,7 +37,7 @@ use tokio::sync::oneshot;
 
 use super::node::Eval;
 use super::wire::{Answer, LIMIT_ARGS, answer_len, answers, hits, limit_args};
-use super::{Guard, Owed, RECONCILE_WAIT, Shared, Target, Waiting};
+use super::{Guard, Owed, RECONCILE_WAIT, Shared, Target, Waiting, late_reply};
 use crate::limiter::{Algorithm, Counting, LimitSpec, Role, admits};
 use crate::store::{BatchItem, BatchOutcome, StoreError};
 
@@ -121,13 +121,8 @@ impl Lanes {
     /// Frees `lane` when nobody can flush it any more, failing whoever
     /// waits there.
     fn abandon(&self, lane: &Lane) {
-        let Some(waiting) = self.lock().remove(lane) else {
-            return;
-        };
-        for tell in waiting.into_iter().filter_map(|m| m.tell) {
-            let _ = tell.send(Err(StoreError::Unavailable(
-                "the call carrying this request was dropped".into(),
-            )));
+        if let Some(waiting) = self.lock().remove(lane) {
+            fail(waiting, &dropped());
         }
     }
 }
@@ -222,9 +217,7 @@ impl Shared {
                 admitted: v.admitted,
                 limits: vec![v.answer.outcome(item, v.admitted)],
             }),
-            Ok(Err(_)) => Err(StoreError::Unavailable(
-                "the call carrying this request was dropped".into(),
-            )),
+            Ok(Err(_)) => Err(dropped()),
             // The flusher refunds what this request counted, if it was sent.
             Err(_) => Err(StoreError::Timeout(timeout)),
         };
@@ -309,21 +302,14 @@ impl Shared {
                 }
                 let (shared, lane) = (self.clone(), lane.clone());
                 tokio::spawn(async move {
-                    match tokio::time::timeout(RECONCILE_WAIT, sent).await {
-                        Ok(Ok(reply)) => {
-                            let members = members.take();
-                            tracing::info!(
-                                requests = members.len(),
-                                "refunding coalesced decisions that ran after their callers' timeout"
-                            );
-                            shared.answer(&lane, members, &reply);
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "a Redis call that timed out then failed");
-                        }
-                        Err(_) => {
-                            tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
-                        }
+                    let late = tokio::time::timeout(RECONCILE_WAIT, sent).await;
+                    if let Some(reply) = late_reply(late) {
+                        let members = members.take();
+                        tracing::info!(
+                            requests = members.len(),
+                            "refunding coalesced decisions that ran after their callers' timeout"
+                        );
+                        shared.answer(&lane, members, &reply);
                     }
                 });
                 return;
@@ -332,11 +318,7 @@ impl Shared {
         let members = members.take();
         match reply {
             Ok(reply) => self.answer(lane, members, &reply),
-            Err(e) => {
-                for tell in members.into_iter().filter_map(|m| m.tell) {
-                    let _ = tell.send(Err(e.clone()));
-                }
-            }
+            Err(e) => fail(members, &e),
         }
     }
 
@@ -349,13 +331,8 @@ impl Shared {
             .then(|| answers(&reply[..1 + whole], true).next())
             .flatten()
         else {
-            let e = StoreError::Unavailable(format!(
-                "unexpected script reply of {} values",
-                reply.len()
-            ));
-            for tell in members.into_iter().filter_map(|m| m.tell) {
-                let _ = tell.send(Err(e.clone()));
-            }
+            let e = format!("unexpected script reply of {} values", reply.len());
+            fail(members, &StoreError::Unavailable(e));
             return;
         };
         let (mut counted, mut unclaimed) = (0u64, 0u64);
@@ -397,6 +374,18 @@ impl Shared {
             });
         }
     }
+}
+
+/// Tells every member still waiting that its request failed with `e`.
+fn fail(members: Vec<Waiter>, e: &StoreError) {
+    for tell in members.into_iter().filter_map(|m| m.tell) {
+        let _ = tell.send(Err(e.clone()));
+    }
+}
+
+/// What a request is told when nobody is left to make its call.
+fn dropped() -> StoreError {
+    StoreError::Unavailable("the call carrying this request was dropped".into())
 }
 
 /// The members of one call, until they are answered.
