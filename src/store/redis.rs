@@ -1,8 +1,9 @@
 //! The Redis store: one `EVALSHA` of `decide.lua` (assembled from
 //! `redis/decide/`) per request (per slot group on Redis Cluster), or per
-//! several requests of one hot counter (`redis/coalesce.rs`). The only module (with `redis/`) that sees
-//! the Redis client (redis-rs; `redis/dial.rs` says how connections are
-//! made, and BENCHMARKS.md why this client).
+//! several requests of one hot counter (`redis/coalesce.rs`). The only
+//! module (with `redis/`) that sees the Redis client (redis-rs;
+//! `redis/dial.rs` says how connections are made, and BENCHMARKS.md why
+//! this client).
 //!
 //! Single Redis (or every key of the request in one slot): the script checks
 //! and counts the whole request atomically. Redis Cluster with keys in
@@ -663,9 +664,9 @@ impl Waiting for AtomicBool {
 enum Guard {
     /// Refused while the breaker is open; its outcome moves the breaker.
     Breaker,
-    /// The same until the flag is set: its caller stopped waiting (which
-    /// already counted against the breaker), so a late reply must not close
-    /// a breaker that a slow Redis should open.
+    /// The same until nobody waits for the reply any more: its callers
+    /// stopped waiting (which already counted against the breaker), so a
+    /// late reply must not close a breaker that a slow Redis should open.
     Abandonable(Arc<dyn Waiting>),
     /// Neither refused nor counted: refunds, which keep counters true and
     /// go to a Redis that has just answered.
