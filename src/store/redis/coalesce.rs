@@ -99,9 +99,13 @@ struct Verdict {
     answer: Answer,
 }
 
-/// The lanes with a call in flight (or about to be), and who waits in each.
+/// The lanes with a call in flight (or about to be), and who waits in
+/// each. Hashed with foldhash, randomly seeded per process (as the memory
+/// store's shards): each request hashes its key twice.
 #[derive(Default)]
-pub(super) struct Lanes(Mutex<HashMap<Lane, Vec<Waiter>>>);
+pub(super) struct Lanes(Mutex<LaneMap>);
+
+type LaneMap = HashMap<Lane, Vec<Waiter>, foldhash::fast::RandomState>;
 
 impl Lanes {
     /// How many lanes are busy, and how many requests wait in them.
@@ -113,7 +117,7 @@ impl Lanes {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Lane, Vec<Waiter>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LaneMap> {
         // Nothing panics while holding it; a poisoned map is still whole.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
