@@ -330,8 +330,10 @@ impl Shared {
     /// counted for members no longer waiting (in a task of its own, so the
     /// lane's next call does not wait for it).
     fn answer(self: &Arc<Self>, lane: &Lane, members: Vec<Waiter>, reply: &[i64]) {
+        // `applied` and the first request's answer, then one value for
+        // each other request.
         let whole = answer_len(true);
-        let Some(first) = (reply.len() == 1 + whole + members.len() - 1)
+        let Some(first) = (reply.len() == whole + members.len())
             .then(|| answers(&reply[..1 + whole], true).next())
             .flatten()
         else {
