@@ -47,13 +47,7 @@ async fn open(url: &str) -> Arc<RedisStore> {
 }
 
 fn evalsha_calls(redis: &RedisServer) -> u64 {
-    redis
-        .command(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    support::redis::command_calls(redis.port(), "evalsha")
 }
 
 /// Polls until one counter has a call in flight and `waiting` requests

@@ -511,13 +511,7 @@ async fn answer(c: &mut RateLimitServiceClient<Channel>, name: &str) -> (i32, u3
 
 /// `cmdstat_<name>` calls from `INFO commandstats`.
 fn calls(redis: &RedisServer, command: &str) -> u64 {
-    let stats = redis.command(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
+    support::redis::command_calls(redis.port(), command)
 }
 
 #[tokio::test]

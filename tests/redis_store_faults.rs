@@ -78,13 +78,7 @@ async fn burst(store: &Arc<RedisStore>, n: usize, items: &[&str]) -> (usize, usi
 
 /// `EVALSHA` calls the server on `port` has run.
 fn evalsha_calls(port: u16) -> u64 {
-    let stats = support::redis::command(port, &["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    support::redis::command_calls(port, "evalsha")
 }
 
 /// Polls (at most 10 s) until the server on `port` has run `n` `EVALSHA`s.

@@ -318,6 +318,17 @@ pub fn query(port: u16, args: &[&str]) -> Reply {
     attempt().unwrap_or_else(|e| panic!("redis command {args:?} on port {port} failed: {e}"))
 }
 
+/// Calls of `command` (lower case, e.g. `evalsha`) the server on `port`
+/// has run, from `INFO commandstats`.
+pub fn command_calls(port: u16, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    self::command(port, &["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
 /// [`query`] rendered as text (see [`Reply`]'s `Display`), e.g. for
 /// `INFO commandstats`, `MEMORY USAGE key` or `KEYS *`.
 pub fn command(port: u16, args: &[&str]) -> String {
