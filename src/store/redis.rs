@@ -127,7 +127,6 @@ pub struct RedisStoreConfig {
 pub struct RedisStore {
     shared: Arc<Shared>,
     prefix: String,
-    timeout: Duration,
     coalesce: bool,
 }
 
@@ -144,6 +143,8 @@ struct Shared {
     clock: Arc<dyn Clock>,
     /// In local time mode, `now` is sent to the script.
     local_time: bool,
+    /// Longest wait for one decision (`RedisStoreConfig::timeout`).
+    timeout: Duration,
     /// Hot counters' queues (see `redis/coalesce.rs`).
     lanes: Lanes,
 }
@@ -233,6 +234,7 @@ impl RedisStore {
             breaker: config.breaker,
             clock,
             local_time: config.time == TimeSource::Local,
+            timeout: config.timeout,
             lanes: Lanes::default(),
         });
         let nodes: Vec<Arc<Node>> = std::iter::once(&shared.route)
@@ -258,7 +260,6 @@ impl RedisStore {
         Ok(Self {
             shared,
             prefix: config.key_prefix.clone(),
-            timeout: config.timeout,
             coalesce: config.coalesce,
         })
     }
@@ -304,21 +305,15 @@ impl RedisStore {
         now: Option<i64>,
     ) -> Result<Vec<i64>, StoreError> {
         let limit_count: usize = items.iter().map(|&i| batch.items[i].limits.len()).sum();
-        // As written below: now and mode, then per item its role, hits and
-        // number of limits, and each limit's arguments.
-        let arg_count = 2 + 3 * items.len() + LIMIT_ARGS * limit_count;
-        let mut eval = Eval::new(
-            &self.shared.decide,
+        // Per item its role, hits and number of limits, and each limit's
+        // arguments.
+        let mut eval = self.shared.decide_eval(
             items.iter().map(|&i| keys[i].as_ref()),
             slot,
-            arg_count,
+            (now, whole),
+            3 * items.len() + LIMIT_ARGS * limit_count,
         );
         let args = &mut eval.cmd;
-        match now {
-            Some(now) => args.arg(now),
-            None => args.arg(""),
-        };
-        args.arg(if whole { "all" } else { "part" });
         for &i in items {
             let item = &batch.items[i];
             let role = match item.role {
@@ -348,7 +343,7 @@ impl RedisStore {
             eval,
             Guard::Abandonable(abandoned.clone()),
         ));
-        let reply = match tokio::time::timeout(self.timeout, &mut sent).await {
+        let reply = match tokio::time::timeout(self.shared.timeout, &mut sent).await {
             Ok(reply) => reply?,
             Err(_) => {
                 // The script may still run: a task waits for its reply and
@@ -364,7 +359,7 @@ impl RedisStore {
                     let late = tokio::time::timeout(RECONCILE_WAIT, sent).await;
                     shared.reconcile(late, owed, expected, whole).await;
                 });
-                return Err(StoreError::Timeout(self.timeout));
+                return Err(StoreError::Timeout(self.shared.timeout));
             }
         };
         if reply.len() != expected {
@@ -473,6 +468,30 @@ impl Shared {
             Route::Cluster(_) => cluster::slot(key.as_bytes()),
             Route::Single(_) => 0,
         }
+    }
+
+    /// The `now` a decision sends to the script: `None` reads Redis's clock.
+    fn script_now(&self) -> Option<i64> {
+        self.local_time
+            .then(|| i64::try_from(self.clock.now()).unwrap_or(i64::MAX))
+    }
+
+    /// A decide.lua call on `keys` (in `slot`) with its first arguments,
+    /// `now` and whether it is the whole request, and room for `args` more.
+    fn decide_eval<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k str, IntoIter: ExactSizeIterator + Clone>,
+        slot: u16,
+        (now, whole): (Option<i64>, bool),
+        args: usize,
+    ) -> Eval {
+        let mut eval = Eval::new(&self.decide, keys, slot, 2 + args);
+        match now {
+            Some(now) => eval.cmd.arg(now),
+            None => eval.cmd.arg(""),
+        };
+        eval.cmd.arg(if whole { "all" } else { "part" });
+        eval
     }
 
     fn route(&self, target: Target) -> &Route {
@@ -769,11 +788,7 @@ impl CounterStore for RedisStore {
     }
 
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
-        // `None`: Redis's clock.
-        let now = self
-            .shared
-            .local_time
-            .then(|| i64::try_from(self.shared.clock.now()).unwrap_or(i64::MAX));
+        let now = self.shared.script_now();
         if let [item] = &batch.items[..] {
             // One descriptor (the usual request): one call, nothing to group.
             let key = item.identity.storage_key(&self.prefix);
@@ -789,12 +804,12 @@ impl CounterStore for RedisStore {
                     key,
                     limit,
                 };
-                return match self.shared.join(lane, item.hits, self.timeout) {
+                return match self.shared.join(lane, item.hits) {
                     Turn::First(next) => {
                         let keys = [next.lane.key.as_str()];
                         self.decide_whole(place, batch, &[0], &keys, now).await
                     }
-                    Turn::Queued(queued) => self.shared.wait(queued, item, self.timeout).await,
+                    Turn::Queued(queued) => self.shared.wait(queued, item).await,
                 };
             }
             return self.decide_whole(place, batch, &[0], &[key], now).await;
@@ -882,7 +897,7 @@ impl CounterStore for RedisStore {
                 .collect();
             // In a task of its own: a caller that goes away must not cut a
             // refund short.
-            let (shared, timeout) = (self.shared.clone(), self.timeout);
+            let (shared, timeout) = (self.shared.clone(), self.shared.timeout);
             let _ = tokio::spawn(async move { shared.refund(parts, timeout).await }).await;
         }
         if let Some(e) = error {

@@ -31,11 +31,9 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::node::Eval;
 use super::wire::{Answer, LIMIT_ARGS, answer_len, answers, hits, limit_args};
 use super::{Guard, Owed, RECONCILE_WAIT, Shared, Target, Waiting, late_reply};
 use crate::limiter::{Algorithm, Counting, LimitSpec, Role, admits};
@@ -154,7 +152,6 @@ pub(super) struct Queued {
 pub(super) struct HandOff {
     shared: Arc<Shared>,
     pub(super) lane: Lane,
-    timeout: Duration,
 }
 
 impl Drop for HandOff {
@@ -169,7 +166,7 @@ impl Drop for HandOff {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let shared = self.shared.clone();
-                runtime.spawn(shared.flush(self.lane.clone(), self.timeout));
+                runtime.spawn(shared.flush(self.lane.clone()));
             }
             Err(_) => self.shared.lanes.abandon(&self.lane),
         }
@@ -177,9 +174,8 @@ impl Drop for HandOff {
 }
 
 impl Shared {
-    /// Joins `lane` with a request of weight `hits` that waits at most
-    /// `timeout`.
-    pub(super) fn join(self: &Arc<Self>, lane: Lane, hits: u64, timeout: Duration) -> Turn {
+    /// Joins `lane` with a request of weight `hits`.
+    pub(super) fn join(self: &Arc<Self>, lane: Lane, hits: u64) -> Turn {
         match self.lanes.lock().entry(lane) {
             Entry::Occupied(mut queue) => {
                 let (tell, answer) = oneshot::channel();
@@ -200,20 +196,19 @@ impl Shared {
                 Turn::First(HandOff {
                     shared: self.clone(),
                     lane,
-                    timeout,
                 })
             }
         }
     }
 
-    /// Waits (at most `timeout`) for what a shared call decided for
-    /// `item`, the one item of its request.
+    /// Waits (at most the store's timeout) for what a shared call decided
+    /// for `item`, the one item of its request.
     pub(super) async fn wait(
         &self,
         queued: Queued,
         item: &BatchItem,
-        timeout: Duration,
     ) -> Result<BatchOutcome, StoreError> {
+        let timeout = self.timeout;
         // The receiver is dropped here: a flusher then sees this caller gone.
         let told = tokio::time::timeout(timeout, queued.answer).await;
         let result = match told {
@@ -235,7 +230,7 @@ impl Shared {
 
     /// The flusher of `lane`: one call at a time for whoever waits there,
     /// until nobody does.
-    async fn flush(self: Arc<Self>, lane: Lane, timeout: Duration) {
+    async fn flush(self: Arc<Self>, lane: Lane) {
         // Should this task end early (a panic), the lane must not stay
         // marked busy with nobody to flush it.
         let mut leaving = Leaving {
@@ -259,31 +254,26 @@ impl Shared {
             // Who stopped waiting before anything was sent is not sent.
             members.retain(|m| m.tell.as_ref().is_some_and(|t| !t.is_closed()));
             if !members.is_empty() {
-                self.call(&lane, members, timeout).await;
+                self.call(&lane, members).await;
             }
         }
     }
 
     /// One call deciding `members` (at least one), in their order; past
-    /// `timeout` it is left to finish in the background and reconciled.
-    async fn call(self: &Arc<Self>, lane: &Lane, members: Vec<Waiter>, timeout: Duration) {
-        let now = self
-            .local_time
-            .then(|| i64::try_from(self.clock.now()).unwrap_or(i64::MAX));
-        // As decide.lua takes them: now, mode, the first request's role,
-        // weight and number of limits, the limit, then the others' weights.
-        let mut eval = Eval::new(
-            &self.decide,
+    /// the timeout it is left to finish in the background and reconciled.
+    async fn call(self: &Arc<Self>, lane: &Lane, members: Vec<Waiter>) {
+        let timeout = self.timeout;
+        // As decide.lua takes them, after now and mode: the first request's
+        // role (0, enforcing), weight and number of limits, the limit, then
+        // the others' weights.
+        let mut eval = self.decide_eval(
             [lane.key.as_str()],
             lane.slot,
-            4 + LIMIT_ARGS + members.len(),
+            (self.script_now(), true),
+            2 + LIMIT_ARGS + members.len(),
         );
         let args = &mut eval.cmd;
-        match now {
-            Some(now) => args.arg(now),
-            None => args.arg(""),
-        };
-        args.arg("all").arg(0).arg(hits(members[0].hits)).arg(1);
+        args.arg(0).arg(hits(members[0].hits)).arg(1);
         args.arg(&limit_args(&lane.limit)[..]);
         for member in &members[1..] {
             args.arg(hits(member.hits));
