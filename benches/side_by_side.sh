@@ -15,6 +15,13 @@
 #              when missing, Limitador's rows are left out
 #   REQUESTS   requests per round      (default 200000)
 #   CLIENTS    connections x streams   (default "8 16": h2load -c 8 -m 16)
+#   COUNT      "cpu" (default), or "instructions": run each server under
+#              valgrind's callgrind and report the instructions it ran per
+#              decision (user space, all its threads) instead of CPU time:
+#              slow (REQUESTS defaults to 10000), but the same on any day,
+#              where CPU time moves with the machine. Redis's CPU is then
+#              read at the few thousand decisions/s valgrind allows, where
+#              fewer requests share a call
 #
 # Needs h2load (Debian: nghttp2-client) and, for redis, redis-server. The
 # load: one descriptor of two entries (client=c1, path=/x) under a limit no
@@ -28,11 +35,17 @@ mode=${1:-memory}
 rounds=${2:-2}
 sluice=${SLUICE:-target/release/sluice}
 limitador=${LIMITADOR:-/tmp/limitador/target/release/limitador-server}
-requests=${REQUESTS:-200000}
+count=${COUNT:-cpu}
+case "$count" in
+  cpu) requests=${REQUESTS:-200000} warmup=20000 ;;
+  instructions) requests=${REQUESTS:-10000} warmup=2000 ;;
+  *) echo "COUNT is cpu or instructions, not $count" >&2; exit 1 ;;
+esac
 read -r conns streams <<<"${CLIENTS:-8 16}"
 
 command -v h2load >/dev/null || { echo "needs h2load: apt-get install nghttp2-client" >&2; exit 1; }
 [ -x "$sluice" ] || { echo "no $sluice: cargo build --release" >&2; exit 1; }
+[ "$count" = cpu ] || command -v callgrind_control >/dev/null || { echo "needs valgrind: apt-get install valgrind" >&2; exit 1; }
 [ -x "$limitador" ] || { echo "note: no Limitador at $limitador; its rows are left out" >&2; limitador=; }
 
 work=$(mktemp -d)
@@ -100,11 +113,30 @@ hz=$(getconf CLK_TCK)
 
 wait_port() { until (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do sleep 0.1; done; }
 
+# Becomes a server (run it in the background: `launch ... &`, whose $! is
+# then the server's pid): as it is, or under callgrind, counting nothing
+# until a round asks.
+launch() {
+  if [ "$count" = instructions ]; then
+    exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.%p" "$@"
+  fi
+  exec "$@"
+}
+
+# Instructions counted since the last call, for PID under callgrind: dumps
+# its counts (which zeroes them) and reads the dump's total.
+instructions() {
+  callgrind_control --dump "$1" >/dev/null 2>&1
+  local last
+  last=$(ls -t "$work/callgrind.$1".* | head -1)
+  awk '/^totals:/ {print $2}' "$last"
+}
+
 start_sluice() {
   local port=$1
   local args=(serve --rules "$work/rules.yaml" --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)")
   [ -n "$redis_url" ] && args+=(--redis-url "$redis_url")
-  "$sluice" "${args[@]}" >"$work/sluice.log" 2>&1 &
+  launch "$sluice" "${args[@]}" >"$work/sluice.log" 2>&1 &
   echo $!
 }
 
@@ -112,33 +144,41 @@ start_limitador() {
   local port=$1
   local storage=(memory)
   [ -n "$redis_url" ] && storage=(redis "$redis_url")
-  "$limitador" --rls-ip 127.0.0.1 --rls-port "$port" --http-ip 127.0.0.1 --http-port "$(free_port)" \
+  launch "$limitador" --rls-ip 127.0.0.1 --rls-port "$port" --http-ip 127.0.0.1 --http-port "$(free_port)" \
     "$work/limits.yaml" "${storage[@]}" >"$work/limitador.log" 2>&1 &
   echo $!
 }
 
 # One round: h2load against PORT/PATH while PID serves it; prints
-# "decisions/s server-µs redis-µs".
+# "decisions/s server-cost redis-µs", the server's cost in CPU µs or in
+# instructions per decision (COUNT).
 round() {
   local pid=$1 port=$2 path=$3
   local url="http://127.0.0.1:$port$path"
+  [ "$count" = instructions ] && callgrind_control --instr=on "$pid" >/dev/null 2>&1
   # Warm-up: connections, allocator, first keys.
-  h2load -n 20000 -c "$conns" -m "$streams" -d "$work/request.bin" \
+  h2load -n "$warmup" -c "$conns" -m "$streams" -d "$work/request.bin" \
     -H 'content-type: application/grpc' -H 'te: trailers' "$url" >/dev/null
   local s0 r0 s1 r1 out
   s0=$(ticks "$pid"); r0=$([ -n "$redis_pid" ] && ticks "$redis_pid" || echo 0)
+  [ "$count" = instructions ] && instructions "$pid" >/dev/null
   out=$(h2load -n "$requests" -c "$conns" -m "$streams" -d "$work/request.bin" \
     -H 'content-type: application/grpc' -H 'te: trailers' "$url")
   s1=$(ticks "$pid"); r1=$([ -n "$redis_pid" ] && ticks "$redis_pid" || echo 0)
+  if [ "$count" = instructions ]; then
+    s0=0 s1=$(instructions "$pid")
+  fi
   local ok rps
   ok=$(sed -n 's/.*status codes: \([0-9]*\) 2xx.*/\1/p' <<<"$out")
   rps=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
   [ "$ok" = "$requests" ] || { echo "only $ok of $requests answered 2xx:" >&2; echo "$out" >&2; exit 1; }
-  python3 -c "import sys; hz,n=$hz,$requests; print(f'{float(\"$rps\"):.0f} {($s1-$s0)*1e6/hz/n:.2f} {($r1-$r0)*1e6/hz/n:.2f}')"
+  python3 -c "hz,n=$hz,$requests; unit=1 if '$count' == 'instructions' else 1e6/hz; print(f'{float(\"$rps\"):.0f} {($s1-$s0)*unit/n:.{0 if unit == 1 else 2}f} {($r1-$r0)*1e6/hz/n:.2f}')"
 }
 
 rls=/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
-printf '%-22s %6s %12s %18s %17s\n' server round decisions/s "server CPU µs/dec" "Redis CPU µs/dec"
+cost="server CPU µs/dec"
+[ "$count" = instructions ] && cost="server instr/dec"
+printf '%-22s %6s %12s %18s %17s\n' server round decisions/s "$cost" "Redis CPU µs/dec"
 for r in $(seq 1 "$rounds"); do
   port=$(free_port); pid=$(start_sluice "$port"); pids+=("$pid"); wait_port "$port"
   read -r rps cpu rcpu < <(round "$pid" "$port" /envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod)
@@ -166,7 +206,7 @@ import sys
 rows = lambda path: [list(map(float, line.split())) for line in open(path)]
 sluice, limitador, mode = rows(sys.argv[1]), rows(sys.argv[2]), sys.argv[3]
 ratio = lambda a, b: f"{a / b:.2f}" if b else "-"
-print("Sluice / Limitador      round  decisions/s server CPU/dec   Redis CPU/dec")
+print("Sluice / Limitador      round  decisions/s    server cost/dec   Redis CPU/dec")
 for r, (s, l) in enumerate(zip(sluice, limitador), 1):
     print(f"{'':22s} {r:6d} {ratio(s[0], l[0]):>12s} {ratio(s[1], l[1]):>18s} {ratio(s[2], l[2]) if mode == 'redis' else '-':>17s}")
 mean = lambda rs, i: sum(x[i] for x in rs) / len(rs)
