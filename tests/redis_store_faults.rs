@@ -90,6 +90,24 @@ async fn wait_evalsha(port: u16, n: u64) {
     }
 }
 
+/// Polls (at most 10 s) until `store` has no refund call in flight, then
+/// says that none of its refund calls failed.
+async fn expect_refunds_made(store: &RedisStore) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let refunds = store.refunds();
+        if refunds.in_flight == 0 {
+            assert_eq!(refunds.failed, 0, "refund calls failed: {refunds:?}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "refunds never answered: {refunds:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Polls (at most 10 s) until `name`'s counter holds `want`, read by
 /// `reader`; fails with what it holds otherwise.
 async fn expect_counter(reader: &RedisStore, name: &str, want: u64) {
@@ -130,6 +148,7 @@ async fn calls_that_time_out_after_their_script_ran_are_refunded() {
     assert_eq!((admitted, errors.len()), (0, 200), "{errors:?}");
     wait_evalsha(redis.port(), ran + 200).await;
     expect_counter(&reader, "paused", 0).await;
+    expect_refunds_made(&store).await;
     // The store still decides exactly afterwards.
     let (admitted, over, errors) = burst(&reader, 200, &["after"]).await;
     assert_eq!((admitted, over), (5, 195), "{errors:?}");
@@ -162,6 +181,7 @@ async fn coalesced_calls_that_time_out_after_their_script_ran_are_refunded() {
     };
     store.apply(&marker).await.expect("Redis answers again");
     expect_counter(&reader, "paused", 0).await;
+    expect_refunds_made(&store).await;
     assert_eq!(store.coalescing().waiting, 0, "nobody is left waiting");
     let (admitted, over, errors) = burst(&store, 200, &["after"]).await;
     assert_eq!((admitted, over), (5, 195), "{errors:?}");
@@ -205,6 +225,7 @@ async fn late_replies_do_not_close_the_breaker_their_timeouts_opened() {
         wait_evalsha(redis.port(), before + 3).await;
         // Refunded: the late replies have been read.
         expect_counter(&reader, "late", 0).await;
+        expect_refunds_made(&store).await;
         let refused = store.apply(&batch).await;
         assert!(
             matches!(refused, Err(StoreError::CircuitOpen(_))),
@@ -239,6 +260,7 @@ async fn on_a_cluster_a_slot_group_that_times_out_is_refunded_with_the_others() 
     wait_evalsha(hung, ran + 200).await;
     expect_counter(&reader, &slow, 0).await;
     expect_counter(&reader, &fast, 0).await;
+    expect_refunds_made(&store).await;
     // Across slots, a part counted and then refunded may make a concurrent
     // request see a full counter (even every one of the burst): never more
     // than the limit, and the counters hold exactly the admitted requests.
@@ -246,6 +268,7 @@ async fn on_a_cluster_a_slot_group_that_times_out_is_refunded_with_the_others() 
     assert!(admitted <= 5 && errors.is_empty(), "{admitted} {errors:?}");
     expect_counter(&reader, &slow, admitted as u64).await;
     expect_counter(&reader, &fast, admitted as u64).await;
+    expect_refunds_made(&reader).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ pub use memory::{MemoryStore, MemoryStoreConfig};
 #[cfg(feature = "bench")]
 pub use redis::server_info;
 pub use redis::{
-    Coalescing, LuaScript, RedisStore, RedisStoreConfig, RedisTls, RedisUrl, ScriptRunner,
+    Coalescing, LuaScript, RedisStore, RedisStoreConfig, RedisTls, RedisUrl, Refunds, ScriptRunner,
     TimeSource,
 };
 

@@ -44,7 +44,7 @@ mod url;
 mod wire;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -147,6 +147,25 @@ struct Shared {
     timeout: Duration,
     /// Hot counters' queues (see `redis/coalesce.rs`).
     lanes: Lanes,
+    /// Refund calls sent and not yet answered, and those that failed.
+    refunds: RefundCounts,
+}
+
+/// Refund calls: how many are in flight, how many failed (their hits stay
+/// counted until their window passes).
+#[derive(Default)]
+struct RefundCounts {
+    in_flight: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// What [`RedisStore::refunds`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refunds {
+    /// Refund calls sent and not yet answered (or timed out).
+    pub in_flight: u64,
+    /// Refund calls that failed so far (each is also logged).
+    pub failed: u64,
 }
 
 /// Which Redis a call goes to.
@@ -236,6 +255,7 @@ impl RedisStore {
             local_time: config.time == TimeSource::Local,
             timeout: config.timeout,
             lanes: Lanes::default(),
+            refunds: RefundCounts::default(),
         });
         let nodes: Vec<Arc<Node>> = std::iter::once(&shared.route)
             .chain(&shared.per_second)
@@ -277,6 +297,18 @@ impl RedisStore {
     /// What is being coalesced now (see `redis/coalesce.rs`).
     pub fn coalescing(&self) -> Coalescing {
         self.shared.lanes.now()
+    }
+
+    /// Refund calls in flight, and those that failed so far.
+    pub fn refunds(&self) -> Refunds {
+        let counts = &self.shared.refunds;
+        // `failed` is counted before `in_flight` is taken down: once none
+        // is in flight, every failure shows.
+        let in_flight = counts.in_flight.load(Ordering::SeqCst);
+        Refunds {
+            in_flight,
+            failed: counts.failed.load(Ordering::SeqCst),
+        }
     }
 
     /// Closes every connection and stops reconnecting; calls still in
@@ -630,6 +662,10 @@ impl Shared {
                 args.extend([answer.slot, hits(owed.hits)]);
             }
         }
+        let counts = &self.refunds;
+        counts
+            .in_flight
+            .fetch_add(by_slot.len() as u64, Ordering::SeqCst);
         let calls = by_slot.into_iter().map(|((target, slot), keys, args)| {
             let mut eval = Eval::new(&self.refund, &keys, slot, args.len());
             eval.cmd.arg(args);
@@ -637,11 +673,15 @@ impl Shared {
         });
         for result in join_all(calls).await {
             let error = match result {
-                Ok(Ok(_)) => continue,
-                Ok(Err(e)) => e,
-                Err(_) => StoreError::Timeout(timeout),
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(StoreError::Timeout(timeout)),
             };
-            tracing::error!(error = %error, "could not refund hits counted for a request that was not admitted; they stay counted until their window passes");
+            if let Some(error) = error {
+                counts.failed.fetch_add(1, Ordering::SeqCst);
+                tracing::error!(error = %error, "could not refund hits counted for a request that was not admitted; they stay counted until their window passes");
+            }
+            counts.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

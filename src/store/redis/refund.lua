@@ -5,7 +5,8 @@ KEYS[i]   the HASH of the i-th identity to refund.
 ARGV      per item, in KEYS order: number of limits; then per limit:
           requests, duration_ms, algorithm, param (as in decide.lua), slot
           (what decide.lua returned), hits.
-Reply:    the number of limits refunded.
+Reply:    {n}, n the number of limits refunded (a list, as every script's
+          reply is read).
 
 Hits already gone from the window have nothing left to refund. Emptied
 buckets and log entries are deleted and the markers kept exact, so the state
@@ -128,4 +129,4 @@ for i = 1, #KEYS do
     end
   end
 end
-return refunded
+return { refunded }
