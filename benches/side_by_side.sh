@@ -169,14 +169,16 @@ round() {
   out=$(h2load -n "$requests" -c "$conns" -m "$streams" -d "$work/request.bin" \
     -H 'content-type: application/grpc' -H 'te: trailers' "$url")
   s1=$(ticks "$pid"); r1=$([ -n "$redis_pid" ] && ticks "$redis_pid" || echo 0)
+  # What the server spent: clock ticks of CPU, or instructions.
+  local spent=$((s1 - s0)) per_unit="1e6 / $hz" digits=2
   if [ "$count" = instructions ]; then
-    s0=0 s1=$(instructions "$pid")
+    spent=$(instructions "$pid") per_unit=1 digits=0
   fi
   local ok rps
   ok=$(sed -n 's/.*status codes: \([0-9]*\) 2xx.*/\1/p' <<<"$out")
   rps=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
   [ "$ok" = "$requests" ] || { echo "only $ok of $requests answered 2xx:" >&2; echo "$out" >&2; exit 1; }
-  python3 -c "hz,n=$hz,$requests; unit=1 if '$count' == 'instructions' else 1e6/hz; print(f'{float(\"$rps\"):.0f} {($s1-$s0)*unit/n:.{0 if unit == 1 else 2}f} {($r1-$r0)*1e6/hz/n:.2f}')"
+  python3 -c "n = $requests; print(f'{float(\"$rps\"):.0f} {$spent * $per_unit / n:.${digits}f} {($r1 - $r0) * 1e6 / $hz / n:.2f}')"
 }
 
 rls=/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
