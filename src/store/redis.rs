@@ -937,8 +937,8 @@ impl CounterStore for RedisStore {
                 .collect();
             // In a task of its own: a caller that goes away must not cut a
             // refund short.
-            let (shared, timeout) = (self.shared.clone(), self.shared.timeout);
-            let _ = tokio::spawn(async move { shared.refund(parts, timeout).await }).await;
+            let shared = self.shared.clone();
+            let _ = tokio::spawn(async move { shared.refund(parts, shared.timeout).await }).await;
         }
         if let Some(e) = error {
             return Err(e);
