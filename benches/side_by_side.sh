@@ -8,6 +8,13 @@
 # hits both alike; the last lines give Sluice's figures over Limitador's,
 # per round and over the means of all rounds.
 #
+# With Redis, each round also runs Sluice in memory, and the script gives
+# what the Redis path adds to Sluice's server CPU per decision (its client
+# side), and, under each round that calls Redis, Redis's own account of it
+# (INFO commandstats, reset before the round): calls and microseconds per
+# decision, by command (commands a script runs are listed too, and their
+# time is also inside the script's).
+#
 # Usage: benches/side_by_side.sh [memory|redis] [ROUNDS]
 #   SLUICE     the sluice binary       (default target/release/sluice)
 #   LIMITADOR  the limitador-server binary, built by
@@ -15,6 +22,12 @@
 #              when missing, Limitador's rows are left out
 #   REQUESTS   requests per round      (default 200000)
 #   CLIENTS    connections x streams   (default "8 16": h2load -c 8 -m 16)
+#   RATE       decisions/s in all: pace each round at this rate for
+#              DURATION seconds (default 8; h2load --rps, the rate split
+#              over the connections) and also report the latency of the
+#              paced requests, p50 and p99, from h2load's per-request log
+#              (its time from when a request is sent to its whole answer);
+#              unset (default), h2load sends as fast as it is answered
 #   COUNT      "cpu" (default), or "instructions": run each server under
 #              valgrind's callgrind and report the instructions it ran per
 #              decision (user space, all its threads) instead of CPU time:
@@ -42,6 +55,12 @@ case "$count" in
   *) echo "COUNT is cpu or instructions, not $count" >&2; exit 1 ;;
 esac
 read -r conns streams <<<"${CLIENTS:-8 16}"
+rate=${RATE:-}
+duration=${DURATION:-8}
+if [ -n "$rate" ]; then
+  [ "$count" = cpu ] || { echo "RATE paces CPU rounds only, not COUNT=$count" >&2; exit 1; }
+  requests=$((rate * duration))
+fi
 
 command -v h2load >/dev/null || { echo "needs h2load: apt-get install nghttp2-client" >&2; exit 1; }
 [ -x "$sluice" ] || { echo "no $sluice: cargo build --release" >&2; exit 1; }
@@ -51,6 +70,7 @@ command -v h2load >/dev/null || { echo "needs h2load: apt-get install nghttp2-cl
 work=$(mktemp -d)
 pids=()
 sluice_rounds=()
+memory_rounds=()
 limitador_rounds=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -136,10 +156,11 @@ instructions() {
   awk '/^totals:/ {print $2}' "$last"
 }
 
+# Starts Sluice on PORT, with Redis when given its URL.
 start_sluice() {
-  local port=$1
+  local port=$1 redis=${2:-}
   local args=(serve --rules "$work/rules.yaml" --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)")
-  [ -n "$redis_url" ] && args+=(--redis-url "$redis_url")
+  [ -n "$redis" ] && args+=(--redis-url "$redis")
   launch "$sluice" "${args[@]}" >"$work/sluice.log" 2>&1 &
   echo $!
 }
@@ -154,8 +175,9 @@ start_limitador() {
 }
 
 # One round: h2load against PORT/PATH while PID serves it; prints
-# "decisions/s server-cost redis-µs", the server's cost in CPU µs or in
-# instructions per decision (COUNT).
+# "decisions/s server-cost redis-µs p50-ms p99-ms", the server's cost in
+# CPU µs or in instructions per decision (COUNT), the latencies "-" unless
+# paced (RATE).
 round() {
   local pid=$1 port=$2 path=$3
   local url="http://127.0.0.1:$port$path"
@@ -163,10 +185,12 @@ round() {
   # Warm-up: connections, allocator, first keys.
   h2load -n "$warmup" -c "$conns" -m "$streams" -d "$work/request.bin" \
     -H 'content-type: application/grpc' -H 'te: trailers' "$url" >/dev/null
-  local s0 r0 s1 r1 out
+  local s0 r0 s1 r1 out pace=()
+  [ -n "$rate" ] && pace=(--rps "$((rate / conns))" --log-file "$work/times.log")
   s0=$(ticks "$pid"); r0=$([ -n "$redis_pid" ] && ticks "$redis_pid" || echo 0)
+  [ -n "$redis_pid" ] && redis-cli -p "$rport" config resetstat >/dev/null
   [ "$count" = instructions ] && instructions "$pid" >/dev/null
-  out=$(h2load -n "$requests" -c "$conns" -m "$streams" -d "$work/request.bin" \
+  out=$(h2load -n "$requests" -c "$conns" -m "$streams" "${pace[@]}" -d "$work/request.bin" \
     -H 'content-type: application/grpc' -H 'te: trailers' "$url")
   s1=$(ticks "$pid"); r1=$([ -n "$redis_pid" ] && ticks "$redis_pid" || echo 0)
   # What the server spent: clock ticks of CPU, or instructions.
@@ -178,32 +202,90 @@ round() {
   ok=$(sed -n 's/.*status codes: \([0-9]*\) 2xx.*/\1/p' <<<"$out")
   rps=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
   [ "$ok" = "$requests" ] || { echo "only $ok of $requests answered 2xx:" >&2; echo "$out" >&2; exit 1; }
-  python3 -c "n = $requests; print(f'{float(\"$rps\"):.0f} {$spent * $per_unit / n:.${digits}f} {($r1 - $r0) * 1e6 / $hz / n:.2f}')"
+  [ -n "$redis_pid" ] && commandstats >"$work/commandstats.txt"
+  local latency="- -"
+  [ -n "$rate" ] && latency=$(percentiles "$work/times.log")
+  python3 -c "n = $requests; print(f'{float(\"$rps\"):.0f} {$spent * $per_unit / n:.${digits}f} {($r1 - $r0) * 1e6 / $hz / n:.2f} $latency')"
+}
+
+# Redis's commands since its stats were reset, per decision of the round:
+# "  INFO commandstats: evalsha 0.028 calls/dec, 63.10 µs/call, 1.76 µs/dec".
+commandstats() {
+  redis-cli -p "$rport" info commandstats | tr -d '\r' | python3 -c "
+import re, sys
+for line in sys.stdin:
+    m = re.match(r'cmdstat_(\w+):calls=(\d+),usec=(\d+),', line)
+    if m and m[1] not in ('config', 'info', 'ping'):
+        calls, usec = int(m[2]), int(m[3])
+        print(f'{\"\":22s} INFO commandstats: {m[1]} {calls / $requests:.4f} calls/dec, '
+              f'{usec / calls:.2f} µs/call, {usec / $requests:.2f} µs/dec')"
+}
+
+# "p50 p99", in ms, of the request times (third column, µs) in h2load's log.
+percentiles() {
+  python3 - "$1" <<'PY'
+import sys
+times = sorted(int(line.split("\t")[2]) for line in open(sys.argv[1]))
+at = lambda q: times[min(len(times) - 1, int(q * len(times)))] / 1000
+print(f"{at(0.50):.2f} {at(0.99):.2f}")
+PY
 }
 
 rls=/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 cost="server CPU µs/dec"
 [ "$count" = instructions ] && cost="server instr/dec"
-printf '%-22s %6s %12s %18s %17s\n' server round decisions/s "$cost" "Redis CPU µs/dec"
+# A row of the table: NAME ROUND and a round's figures.
+row() {
+  local name=$1 r=$2 rps cpu rcpu p50 p99
+  read -r rps cpu rcpu p50 p99 <<<"$3"
+  [ -n "$redis_pid" ] || rcpu=-
+  printf '%-22s %6s %12s %18s %17s %7s %7s\n' "$name" "$r" "$rps" "$cpu" "$rcpu" "$p50" "$p99"
+}
+# A round's figures with the Redis column emptied, for a round that calls no Redis.
+no_redis() { awk '{$3 = "-"; print}'; }
+printf '%-22s %6s %12s %18s %17s %7s %7s\n' server round decisions/s "$cost" "Redis CPU µs/dec" "p50 ms" "p99 ms"
 for r in $(seq 1 "$rounds"); do
-  port=$(free_port); pid=$(start_sluice "$port"); pids+=("$pid"); wait_port "$port"
-  read -r rps cpu rcpu < <(round "$pid" "$port" /envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod)
-  printf '%-22s %6s %12s %18s %17s\n' "bare gRPC (Sluice)" "$r" "$rps" "$cpu" -
-  read -r rps cpu rcpu < <(round "$pid" "$port" "$rls")
-  printf '%-22s %6s %12s %18s %17s\n' "Sluice, $mode" "$r" "$rps" "$cpu" "$([ -n "$redis_pid" ] && echo "$rcpu" || echo -)"
-  sluice_rounds+=("$rps $cpu $rcpu")
+  if [ -n "$redis_pid" ]; then
+    # The same decision in memory, for what the Redis path adds to it.
+    port=$(free_port); pid=$(start_sluice "$port"); pids+=("$pid"); wait_port "$port"
+    figures=$(round "$pid" "$port" "$rls")
+    row "Sluice, memory" "$r" "$(no_redis <<<"$figures")"
+    memory_rounds+=("$figures")
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+  fi
+  port=$(free_port); pid=$(start_sluice "$port" "$redis_url"); pids+=("$pid"); wait_port "$port"
+  row "bare gRPC (Sluice)" "$r" "$(round "$pid" "$port" /envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod | no_redis)"
+  figures=$(round "$pid" "$port" "$rls")
+  row "Sluice, $mode" "$r" "$figures"
+  [ -n "$redis_pid" ] && cat "$work/commandstats.txt"
+  sluice_rounds+=("$figures")
   if grep -q "after its caller's timeout\|after their callers' timeout" "$work/sluice.log"; then
     echo "warning: Sluice's Redis calls timed out in round $r (its log says so): some answers were UNAVAILABLE, not decisions" >&2
   fi
   kill "$pid"; wait "$pid" 2>/dev/null || true
   if [ -n "$limitador" ]; then
     port=$(free_port); pid=$(start_limitador "$port"); pids+=("$pid"); wait_port "$port"
-    read -r rps cpu rcpu < <(round "$pid" "$port" "$rls")
-    printf '%-22s %6s %12s %18s %17s\n' "Limitador, $mode" "$r" "$rps" "$cpu" "$([ -n "$redis_pid" ] && echo "$rcpu" || echo -)"
-    limitador_rounds+=("$rps $cpu $rcpu")
+    figures=$(round "$pid" "$port" "$rls")
+    row "Limitador, $mode" "$r" "$figures"
+    [ -n "$redis_pid" ] && cat "$work/commandstats.txt"
+    limitador_rounds+=("$figures")
     kill "$pid"; wait "$pid" 2>/dev/null || true
   fi
 done
+
+# What the Redis path adds to Sluice's server cost per decision (its
+# client side), round by round and over the means.
+if [ ${#memory_rounds[@]} -gt 0 ]; then
+  python3 - "${memory_rounds[@]}" -- "${sluice_rounds[@]}" <<'PY'
+import sys
+args = sys.argv[1:]
+cost = lambda rounds: [float(r.split()[1]) for r in rounds]
+memory, redis = cost(args[:args.index("--")]), cost(args[args.index("--") + 1:])
+mean = lambda xs: sum(xs) / len(xs)
+print(f"{'Redis over memory':22s} " + " ".join(f"{b - a:+.2f}" for a, b in zip(memory, redis))
+      + f"  (means {mean(redis) - mean(memory):+.2f}) server cost/dec")
+PY
+fi
 
 # Sluice against Limitador, round by round (the same round shares the
 # machine's mood) and over the means of all rounds.
@@ -212,15 +294,19 @@ if [ -n "$limitador" ]; then
   printf '%s\n' "${limitador_rounds[@]}" >"$work/limitador.txt"
   python3 - "$work/sluice.txt" "$work/limitador.txt" "$mode" <<'PY'
 import sys
-rows = lambda path: [list(map(float, line.split())) for line in open(path)]
+number = lambda word: None if word == "-" else float(word)
+rows = lambda path: [[number(w) for w in line.split()] for line in open(path)]
 sluice, limitador, mode = rows(sys.argv[1]), rows(sys.argv[2]), sys.argv[3]
+# decisions/s, server cost, Redis CPU (with Redis only), p50, p99 (paced only)
+widths = (12, 18, 17, 7, 7)
+shown = [True, True, mode == "redis", sluice[0][3] is not None, sluice[0][4] is not None]
 ratio = lambda a, b: f"{a / b:.2f}" if b else "-"
-print("Sluice / Limitador      round  decisions/s    server cost/dec   Redis CPU/dec")
+line = lambda label, cells: print(f"{'':22s} {label:>6s} " + " ".join(
+    f"{cell if shown[i] else '-':>{widths[i]}s}" for i, cell in enumerate(cells)))
+print(f"{'Sluice / Limitador':22s} {'round':>6s} {'decisions/s':>12s} {'server cost/dec':>18s} {'Redis CPU/dec':>17s} {'p50':>7s} {'p99':>7s}")
 for r, (s, l) in enumerate(zip(sluice, limitador), 1):
-    print(f"{'':22s} {r:6d} {ratio(s[0], l[0]):>12s} {ratio(s[1], l[1]):>18s} {ratio(s[2], l[2]) if mode == 'redis' else '-':>17s}")
+    line(str(r), [ratio(a, b) if shown[i] else "-" for i, (a, b) in enumerate(zip(s, l))])
 mean = lambda rs, i: sum(x[i] for x in rs) / len(rs)
-print(f"{'':22s} {'means':>6s} " + " ".join(
-    f"{ratio(mean(sluice, i), mean(limitador, i)) if i < 2 or mode == 'redis' else '-':>{w}s}"
-    for i, w in ((0, 12), (1, 18), (2, 17))))
+line("means", [ratio(mean(sluice, i), mean(limitador, i)) if shown[i] else "-" for i in range(5)])
 PY
 fi
