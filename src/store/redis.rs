@@ -663,9 +663,7 @@ impl Shared {
             }
         }
         let counts = &self.refunds;
-        counts
-            .in_flight
-            .fetch_add(by_slot.len() as u64, Ordering::SeqCst);
+        let mut in_flight = InFlight::new(&counts.in_flight, by_slot.len() as u64);
         let calls = by_slot.into_iter().map(|((target, slot), keys, args)| {
             let mut eval = Eval::new(&self.refund, &keys, slot, args.len());
             eval.cmd.arg(args);
@@ -681,8 +679,34 @@ impl Shared {
                 counts.failed.fetch_add(1, Ordering::SeqCst);
                 tracing::error!(error = %error, "could not refund hits counted for a request that was not admitted; they stay counted until their window passes");
             }
-            counts.in_flight.fetch_sub(1, Ordering::SeqCst);
+            in_flight.answered();
         }
+    }
+}
+
+/// Calls counted in flight until each is answered, or until this is
+/// dropped (a task dropped mid-call, at shutdown).
+struct InFlight<'a> {
+    count: &'a AtomicU64,
+    left: u64,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(count: &'a AtomicU64, calls: u64) -> Self {
+        count.fetch_add(calls, Ordering::SeqCst);
+        Self { count, left: calls }
+    }
+
+    /// One call was answered (or failed).
+    fn answered(&mut self) {
+        self.left -= 1;
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.left, Ordering::SeqCst);
     }
 }
 
@@ -954,5 +978,26 @@ impl CounterStore for RedisStore {
             })
             .collect();
         Ok(BatchOutcome { admitted, limits })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_in_flight_are_taken_down_when_answered_or_dropped_unanswered() {
+        let count = AtomicU64::new(0);
+        let mut first = InFlight::new(&count, 3);
+        let second = InFlight::new(&count, 2);
+        assert_eq!(count.load(Ordering::SeqCst), 5);
+        first.answered();
+        assert_eq!(count.load(Ordering::SeqCst), 4);
+        drop(second);
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+        first.answered();
+        first.answered();
+        drop(first);
+        assert_eq!(count.load(Ordering::SeqCst), 0);
     }
 }
