@@ -125,8 +125,20 @@ pub async fn run(
             started(&format!("redis {}", redis.url));
             // Each Redis node has its own breaker inside the store (one per
             // Cluster primary), so no breaker wraps the whole store.
-            let limiter =
-                serve(store, rules, &source, settings, listeners, shutdown, |_| {}).await?;
+            let count_refund_failures = |limiter: &Arc<Limiter<RedisStore>>| {
+                let failures = limiter.metrics().store_refund_failures();
+                limiter.store().count_refund_failures_in(failures);
+            };
+            let limiter = serve(
+                store,
+                rules,
+                &source,
+                settings,
+                listeners,
+                shutdown,
+                count_refund_failures,
+            )
+            .await?;
             limiter.store().quit();
         }
         None => {

@@ -1,8 +1,9 @@
 //! The service over real Redis processes started by the test harness:
 //! replicas sharing one Redis or one Cluster admit exactly the limit, hostile
 //! descriptor values never collide, a killed or hung Redis gives UNAVAILABLE
-//! (never a hang) and recovery is clean, ACL auth works, and each request is
-//! one script call that does not touch the TTL on every hit.
+//! (never a hang) and recovery is clean, a refund that fails shows on the
+//! metrics page, ACL auth works, and each request is one script call that
+//! does not touch the TTL on every hit.
 
 mod support;
 
@@ -431,6 +432,46 @@ async fn a_hung_redis_times_out_as_unavailable_and_recovers() {
     assert_eq!(r.statuses[0].limit_remaining, 3, "{r:?}");
     assert_eq!(answer(&mut c, "h2").await, (Code::Ok as i32, 4));
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_that_fails_is_counted_on_the_metrics_page() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (_sluice, grpc, http) = support::start_binary_with_http(&[
+        "--rules",
+        rules_file(),
+        "--redis-url",
+        &url,
+        "--redis-timeout-ms",
+        "50",
+    ]);
+    let mut c = connect(&grpc).await;
+    let req = request_redis(&[&[("client", "spoiled")]]);
+    // A first request makes the counter, so that its key can be named.
+    let first = c.should_rate_limit(req.clone()).await.unwrap().into_inner();
+    assert_eq!(first.overall_code, Code::Ok as i32, "{first:?}");
+    let keys = redis.query(&["KEYS", "*"]);
+    let [support::redis::Reply::Bulk(key)] = keys.items() else {
+        panic!("one counter: {keys:?}")
+    };
+    let key = String::from_utf8_lossy(key).into_owned();
+
+    let answer = redis.spoil_refund(&key, c.should_rate_limit(req)).await;
+    assert_eq!(answer.unwrap_err().code(), tonic::Code::Unavailable);
+    let metric = "sluice_store_refund_failures_total 1";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, page) =
+            tokio::task::spawn_blocking(move || support::http(http, "GET", "/metrics", ""))
+                .await
+                .unwrap();
+        if page.lines().any(|l| l == metric) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no `{metric}` in\n{page}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,9 @@
 //! The Redis store when Redis is slow or refuses us, against real
 //! `redis-server` processes: a call that times out after its script ran is
 //! reconciled so that counters hold exactly what callers were told (single
-//! server and Cluster), the default timeout carries a 200-call burst, and a
-//! wrong password is named as such (never echoed).
+//! server and Cluster), a refund that fails is counted where operators see
+//! it, the default timeout carries a 200-call burst, and a wrong password is
+//! named as such (never echoed).
 
 mod support;
 
@@ -16,6 +17,7 @@ use sluice::store::{
     Batch, BatchItem, BreakerConfig, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
     StoreError, TimeSource,
 };
+use sluice::telemetry::metrics::{Metrics, MetricsConfig};
 use support::per_minute;
 use support::redis::{RedisCluster, RedisServer, key_slot};
 
@@ -186,6 +188,47 @@ async fn coalesced_calls_that_time_out_after_their_script_ran_are_refunded() {
     let (admitted, over, errors) = burst(&store, 200, &["after"]).await;
     assert_eq!((admitted, over), (5, 195), "{errors:?}");
     expect_counter(&reader, "after", 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_that_fails_is_counted_and_shown_in_the_metrics() {
+    let redis = RedisServer::start();
+    let prefix = support::unique_prefix();
+    let store = open_with(RedisStoreConfig {
+        coalesce: false,
+        ..config(&redis.url(), &prefix, Duration::from_millis(50))
+    })
+    .await;
+    let metrics = Metrics::new(MetricsConfig::default());
+    store.count_refund_failures_in(metrics.store_refund_failures());
+    let key = item("spoiled", 0).identity.storage_key(&prefix);
+
+    let batch = Batch {
+        items: vec![item("spoiled", 1)],
+    };
+    let outcome = redis.spoil_refund(&key, store.apply(&batch)).await;
+    assert!(
+        matches!(outcome, Err(StoreError::Timeout(_))),
+        "{outcome:?}"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.refunds().failed == 0 {
+        assert!(Instant::now() < deadline, "the refund never failed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        store.refunds(),
+        sluice::store::Refunds {
+            in_flight: 0,
+            failed: 1
+        }
+    );
+    let exposed = metrics.encode();
+    assert!(
+        exposed.contains("sluice_store_refund_failures_total 1\n"),
+        "{exposed}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

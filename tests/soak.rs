@@ -840,6 +840,7 @@ fn soak_under_load_with_redis_restarts_and_reloads() {
     let _ = writeln!(r, "\nserver metrics at the end:");
     for line in metrics.lines().filter(|l| {
         l.starts_with("sluice_store_errors_total")
+            || l.starts_with("sluice_store_refund_failures_total")
             || l.starts_with("sluice_rules_reloads_total")
             || l.starts_with("sluice_requests_total")
             || l.starts_with("sluice_local_cache_hits")

@@ -43,11 +43,12 @@ mod tls;
 mod url;
 mod wire;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Serialize};
 
 use self::cluster::Cluster;
@@ -157,6 +158,8 @@ struct Shared {
 struct RefundCounts {
     in_flight: AtomicU64,
     failed: AtomicU64,
+    /// Where failures are also counted for the metrics, once told.
+    failures_metric: OnceLock<Counter>,
 }
 
 /// What [`RedisStore::refunds`] reads.
@@ -297,6 +300,16 @@ impl RedisStore {
     /// What is being coalesced now (see `redis/coalesce.rs`).
     pub fn coalescing(&self) -> Coalescing {
         self.shared.lanes.now()
+    }
+
+    /// Counts every refund call that fails in `counter` too (the metrics'
+    /// `sluice_store_refund_failures_total`), those that failed so far
+    /// included. Only the first counter given is kept.
+    pub fn count_refund_failures_in(&self, counter: Counter) {
+        let counts = &self.shared.refunds;
+        if counts.failures_metric.set(counter.clone()).is_ok() {
+            counter.inc_by(counts.failed.load(Ordering::SeqCst));
+        }
     }
 
     /// Refund calls in flight, and those that failed so far.
@@ -677,6 +690,9 @@ impl Shared {
             };
             if let Some(error) = error {
                 counts.failed.fetch_add(1, Ordering::SeqCst);
+                if let Some(metric) = counts.failures_metric.get() {
+                    metric.inc();
+                }
                 tracing::error!(error = %error, "could not refund hits counted for a request that was not admitted; they stay counted until their window passes");
             }
             in_flight.answered();

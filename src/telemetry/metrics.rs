@@ -248,6 +248,7 @@ pub struct Metrics {
     store_errors: Family<KindLabels, Counter>,
     store_error_policy: Family<PolicyLabels, Counter>,
     local_cache_hits: Counter,
+    store_refund_failures: Counter,
     reloads: Family<ResultLabels, Counter>,
     tls_reloads: Family<ResultLabels, Counter>,
     connections_open: Family<ListenerLabels, Gauge>,
@@ -279,6 +280,7 @@ impl Metrics {
             store_errors: Family::default(),
             store_error_policy: Family::default(),
             local_cache_hits: Counter::default(),
+            store_refund_failures: Counter::default(),
             reloads: Family::default(),
             tls_reloads: Family::default(),
             connections_open: Family::default(),
@@ -344,6 +346,11 @@ impl Metrics {
             "sluice_local_cache_hits",
             "Over-limit answers given from the local cache",
             metrics.local_cache_hits.clone(),
+        );
+        registry.register(
+            "sluice_store_refund_failures",
+            "Refund calls to Redis that failed: the hits they were to take back stay counted until their window passes",
+            metrics.store_refund_failures.clone(),
         );
         registry.register(
             "sluice_rules_reloads",
@@ -500,6 +507,12 @@ impl Metrics {
     /// Counts an answer given from the local over-limit cache.
     pub fn record_local_cache_hit(&self) {
         self.local_cache_hits.inc();
+    }
+
+    /// The counter of refund calls that failed, for the store that makes
+    /// them.
+    pub fn store_refund_failures(&self) -> Counter {
+        self.store_refund_failures.clone()
     }
 
     /// Counts a rules reload; on success, records when the rules were loaded.

@@ -601,6 +601,44 @@ impl RedisServer {
         query(self.port, args)
     }
 
+    /// Makes the refund that `call` leads to fail. `call` must send one
+    /// script that counts at `key` and be told it timed out (its caller's
+    /// timeout well under a second). Writes are held (`CLIENT PAUSE
+    /// WRITE`) while it runs; behind its script, one that turns `key` into
+    /// a string is queued; then both run, in that order. The refund that
+    /// the first script's reply asks for finds a string and fails.
+    pub async fn spoil_refund<F: std::future::Future>(&self, key: &str, call: F) -> F::Output {
+        self.query(&["CLIENT", "PAUSE", "10000", "WRITE"]);
+        let outcome = call.await;
+        self.wait_blocked_clients(1).await;
+        let (port, key) = (self.port, key.to_owned());
+        let spoiler = std::thread::spawn(move || {
+            let set = "redis.call('SET', KEYS[1], 'spoiled') return 1";
+            query(port, &["EVAL", set, "1", &key])
+        });
+        self.wait_blocked_clients(2).await;
+        self.query(&["CLIENT", "UNPAUSE"]);
+        let reply = spoiler.join().expect("the spoiler does not panic");
+        assert!(!reply.is_error(), "{reply:?}");
+        outcome
+    }
+
+    /// Polls (at most 10 s) until `n` clients are blocked (a write waiting
+    /// out a `CLIENT PAUSE` counts).
+    async fn wait_blocked_clients(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let blocked = || {
+            self.command(&["INFO", "clients"])
+                .lines()
+                .find_map(|l| l.strip_prefix("blocked_clients:"))
+                .map_or(0, |v| v.trim().parse::<u64>().expect("a count"))
+        };
+        while blocked() < n {
+            assert!(Instant::now() < deadline, "{n} clients never blocked");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// [`command`] on this server.
     pub fn command(&self, args: &[&str]) -> String {
         command(self.port, args)
