@@ -250,11 +250,14 @@ fn open_files_limit() -> Option<u64> {
 }
 
 /// Lowers both connection caps, in proportion, when together they would
-/// not fit in `limit` open files: past the limit every accept fails, and a
+/// not fit in `limit` open files (beside the debug port's, when it is on): past the limit every accept fails, and a
 /// flood of connections on one port would also starve the other (the
 /// kubelet's probes included). A cap refuses clearly; EMFILE does not.
 fn fit_connections(options: &mut server::ServeOptions, limit: u64, redis_pool: usize) {
-    let available = limit.saturating_sub(RESERVED_FILES + redis_pool as u64);
+    let debug = options
+        .debug_addr
+        .map_or(0, |_| u64::from(server::DEBUG_MAX_CONNECTIONS));
+    let available = limit.saturating_sub(RESERVED_FILES + redis_pool as u64 + debug);
     let grpc = u64::from(options.grpc_connections.max_connections);
     let http = u64::from(options.http_connections.max_connections);
     if grpc + http <= available {

@@ -285,47 +285,41 @@ pub async fn run_with<S: CounterStore>(
         counters: extras.admin_counters,
         healthy_with_config_loaded: options.healthy_with_config_loaded,
     };
-    if let Some(addr) = options.debug_addr {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|error| ServeError::Debug { addr, error })?;
-        let router = crate::admin::debug_router(limiter.clone(), shutdown.clone());
-        let closed = closing.clone();
-        tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(closed.cancelled_owned())
-                .await;
-            if let Err(error) = served {
-                tracing::warn!(%error, "debug listener stopped");
-            }
-        });
-    }
+    // envoyproxy/ratelimit's debug port: the same guards as the admin
+    // port (it is on by default in drop-in mode, often on 0.0.0.0), with
+    // a cap of its own.
+    let debug = match options.debug_addr {
+        Some(addr) => {
+            let socket = TcpListener::bind(addr)
+                .await
+                .map_err(|error| ServeError::Debug { addr, error })?;
+            let limits = ConnLimits {
+                max_connections: DEBUG_MAX_CONNECTIONS,
+                ..options.http_connections
+            };
+            let router = crate::admin::debug_router(limiter.clone(), shutdown.clone());
+            Some(serve_http(
+                socket, "debug", limits, router, &options, metrics, &closing,
+            ))
+        }
+        None => None,
+    };
     let router = crate::admin::router_with(limiter.clone(), admin_options, shutdown.clone())
         .merge(rlqs_admin);
-    let http1 = http::http1_builder(options.http_connections.handshake_timeout);
-    let admin = conn::accept(
+    let admin = serve_http(
         listeners.http,
-        conn::Listener {
-            name: "http",
-            limits: options.http_connections,
-            counters: metrics.connection_counters("http"),
-            refusal: conn::HTTP_REFUSAL,
-            // Any part of a request head; hyper's header read timeout
-            // (the same length) then wants the rest.
-            handshake_bytes: 1,
-            shutdown_grace: options.shutdown_grace,
-        },
-        closing.clone(),
-        // One request deadline for both ports (`request_timeout_ms`).
-        |io, activity| {
-            let requests = http::HttpRequests::new(
-                router.clone(),
-                options.grpc.request_timeout,
-                activity.clone(),
-            );
-            http::serve(&http1, conn::Tracked::new(io, activity), requests)
-        },
+        "http",
+        options.http_connections,
+        router,
+        &options,
+        metrics,
+        &closing,
     );
+    let debug = async {
+        if let Some(debug) = debug {
+            debug.await;
+        }
+    };
     // Long-lived streams (a health Watch, say) must not hold shutdown open
     // past the grace period: Kubernetes would kill the pod mid-flight anyway.
     let deadline = async {
@@ -333,10 +327,48 @@ pub async fn run_with<S: CounterStore>(
         tokio::time::sleep(options.shutdown_grace).await;
     };
     tokio::select! {
-        ((), ()) = async { tokio::join!(grpc, admin) } => {}
+        ((), (), ()) = async { tokio::join!(grpc, admin, debug) } => {}
         () = deadline => {
             tracing::warn!(grace = ?options.shutdown_grace, "connections still open after the shutdown grace period; stopping anyway");
         }
     }
     Ok(())
+}
+
+/// Most connections open at once on the debug port (`debug_addr`): it
+/// serves `/rlconfig` to people, not to traffic.
+pub const DEBUG_MAX_CONNECTIONS: u32 = 64;
+
+/// Serves `router` over HTTP/1.1 on `socket` (the admin or debug port)
+/// under `limits`, each request within the request deadline.
+fn serve_http(
+    socket: TcpListener,
+    name: &'static str,
+    limits: ConnLimits,
+    router: axum::Router,
+    options: &ServeOptions,
+    metrics: &crate::telemetry::metrics::Metrics,
+    closing: &CancellationToken,
+) -> impl std::future::Future<Output = ()> + use<> {
+    let http1 = http::http1_builder(limits.handshake_timeout);
+    let timeout = options.grpc.request_timeout;
+    conn::accept(
+        socket,
+        conn::Listener {
+            name,
+            limits,
+            counters: metrics.connection_counters(name),
+            refusal: conn::HTTP_REFUSAL,
+            // Any part of a request head; hyper's header read timeout
+            // (the same length) then wants the rest.
+            handshake_bytes: 1,
+            shutdown_grace: options.shutdown_grace,
+        },
+        closing.clone(),
+        // One request deadline for every port (`request_timeout_ms`).
+        move |io, activity| {
+            let requests = http::HttpRequests::new(router.clone(), timeout, activity.clone());
+            http::serve(&http1, conn::Tracked::new(io, activity), requests)
+        },
+    )
 }

@@ -522,6 +522,49 @@ async fn connections_without_a_handshake_are_closed() {
     server.stop().await;
 }
 
+/// envoyproxy/ratelimit's debug port (on by default as `ratelimit`) holds
+/// no more than the admin port: silent connections are closed, and past
+/// its cap new ones are refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debug_port_closes_silent_connections_and_has_a_cap() {
+    let debug: SocketAddr = ([127, 0, 0, 1], support::redis::free_port()).into();
+    let server = start(ServeOptions {
+        debug_addr: Some(debug),
+        http_connections: ConnLimits {
+            handshake_timeout: Duration::from_millis(200),
+            ..ConnLimits::default()
+        },
+        ..ServeOptions::default()
+    })
+    .await;
+    let mut silent = TcpStream::connect(debug).await.unwrap();
+    read_to_close(&mut silent).await;
+    wait_for_metric(
+        &server,
+        r#"sluice_connections_closed_total{listener="debug",reason="handshake_timeout"} 1"#,
+    )
+    .await;
+
+    // Held open with a byte each, so that none is closed while the last
+    // one connects.
+    let mut held = Vec::new();
+    for _ in 0..sluice::server::DEBUG_MAX_CONNECTIONS {
+        let mut tcp = TcpStream::connect(debug).await.unwrap();
+        tcp.write_all(b"G").await.unwrap();
+        held.push(tcp);
+    }
+    wait_for_metric(&server, r#"sluice_connections_open{listener="debug"} 64"#).await;
+    let mut refused = TcpStream::connect(debug).await.unwrap();
+    read_to_close(&mut refused).await;
+    wait_for_metric(
+        &server,
+        r#"sluice_connections_refused_total{listener="debug"} 1"#,
+    )
+    .await;
+    drop(held);
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed() {
     let limits = ConnLimits {

@@ -303,7 +303,7 @@ settings! {
     statsd_udp: bool = false, flag bool, "BOOL", upstream "STATSD_PROTOCOL";
     "How often stats are flushed to statsd, in milliseconds"
     stats_flush_interval_ms: u64 = 10_000, flag u64, "MS", upstream "STATS_FLUSH_INTERVAL";
-    "Address of the debug listener (/rlconfig); none serves none"
+    "Address of the debug listener (/rlconfig); none serves none. It has the admin port's handshake and idle timeouts and at most 64 connections"
     debug_addr: Option<SocketAddr> = None, flag SocketAddr, "ADDR", upstream "DEBUG_HOST:DEBUG_PORT";
     "Client certificate (PEM) for Redis over TLS; needs redis_tls_key"
     redis_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "REDIS_TLS_CLIENT_CERT";
