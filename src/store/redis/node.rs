@@ -309,10 +309,11 @@ struct Keeper {
 
 impl Keeper {
     async fn run(self) {
-        let mut pause = Duration::ZERO;
+        let mut backoff = Backoff::default();
         loop {
-            match self.dialer.connect(&self.place).await {
+            let pause = match self.dialer.connect(&self.place).await {
                 Ok((conn, traffic)) => {
+                    let up = std::time::Instant::now();
                     *self.last_failure.lock() = None;
                     *self.line.write() = Some(conn);
                     // Aborted with this task (`quit`), so the socket closes.
@@ -320,18 +321,51 @@ impl Keeper {
                     let _ = traffic.wait().await;
                     self.line.write().take();
                     tracing::warn!(node = %self.name, "Redis connection lost; reconnecting");
-                    pause = Duration::ZERO;
+                    backoff.lost(up.elapsed())
                 }
                 Err(failure) => {
                     if let DialError::Failed(why) = &failure {
                         tracing::debug!(node = %self.name, error = %why, "no Redis connection yet");
                     }
                     *self.last_failure.lock() = Some(failure);
+                    backoff.failed()
                 }
-            }
+            };
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
         }
+    }
+}
+
+/// How long a keeper waits before its next connection attempt: at once
+/// after a connection that served a while, and otherwise twice as long as
+/// the last time (50 ms to 1 s). A connection that opens and is closed at
+/// once (Redis at `maxclients`, a proxy whose Redis is down) counts as a
+/// failed attempt, or the keeper would redial it in a tight loop.
+#[derive(Debug, Default)]
+struct Backoff {
+    pause: Duration,
+}
+
+impl Backoff {
+    /// A connection that lived this long is taken to have worked.
+    const STABLE: Duration = Duration::from_secs(1);
+    const FIRST: Duration = Duration::from_millis(50);
+    const MOST: Duration = Duration::from_secs(1);
+
+    /// The pause after a connection that was up for `lived`.
+    fn lost(&mut self, lived: Duration) -> Duration {
+        if lived >= Self::STABLE {
+            self.pause = Self::FIRST;
+            return Duration::ZERO;
+        }
+        self.failed()
+    }
+
+    /// The pause after an attempt that failed.
+    fn failed(&mut self) -> Duration {
+        let pause = self.pause;
+        self.pause = (pause * 2).clamp(Self::FIRST, Self::MOST);
+        pause
     }
 }
 
@@ -401,6 +435,28 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconnects_back_off_unless_the_connection_served_a_while() {
+        let mut backoff = Backoff::default();
+        // The first failure retries at once, then 50 ms, doubling to 1 s.
+        let failures: Vec<_> = (0..7).map(|_| backoff.failed()).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            failures,
+            [ms(0), ms(50), ms(100), ms(200), ms(400), ms(800), ms(1000)]
+        );
+        // Connections that open and close at once keep backing off.
+        assert_eq!(backoff.lost(ms(2)), ms(1000));
+        let mut flapping = Backoff::default();
+        let flaps: Vec<_> = (0..4).map(|_| flapping.lost(ms(2))).collect();
+        assert_eq!(flaps, [ms(0), ms(50), ms(100), ms(200)]);
+        // One that served a while is redialled at once, and failures after
+        // it start the ladder again.
+        assert_eq!(flapping.lost(Duration::from_secs(30)), ms(0));
+        assert_eq!(flapping.failed(), ms(50));
+        assert_eq!(flapping.failed(), ms(100));
+    }
 
     #[test]
     fn redirects_are_read_from_error_replies() {
