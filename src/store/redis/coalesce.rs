@@ -209,17 +209,24 @@ impl Shared {
         item: &BatchItem,
     ) -> Result<BatchOutcome, StoreError> {
         let timeout = self.timeout;
-        // The receiver is dropped here: a flusher then sees this caller gone.
-        let told = tokio::time::timeout(timeout, queued.answer).await;
-        let result = match told {
-            Ok(Ok(verdict)) => verdict.map(|v| BatchOutcome {
+        let mut answer = queued.answer;
+        let told = match tokio::time::timeout(timeout, &mut answer).await {
+            Ok(told) => told.map_err(|_| dropped()),
+            Err(_) => {
+                // Closed before a last look: a verdict sent from now on is
+                // refused, so its flusher refunds what this request
+                // counted; one sent since the timer fired is taken, not
+                // lost behind a Timeout answer while its hits stay counted.
+                answer.close();
+                answer.try_recv().map_err(|_| StoreError::Timeout(timeout))
+            }
+        };
+        let result = told.and_then(|verdict| {
+            verdict.map(|v| BatchOutcome {
                 admitted: v.admitted,
                 limits: vec![v.answer.outcome(item, v.admitted)],
-            }),
-            Ok(Err(_)) => Err(dropped()),
-            // The flusher refunds what this request counted, if it was sent.
-            Err(_) => Err(StoreError::Timeout(timeout)),
-        };
+            })
+        });
         // Told by its own timer or by the flusher's: each request that times
         // out counts against the breaker, as it does alone.
         if let Err(StoreError::Timeout(_)) = result {
