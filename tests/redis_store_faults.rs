@@ -1,9 +1,9 @@
 //! The Redis store when Redis is slow or refuses us, against real
 //! `redis-server` processes: a call that times out after its script ran is
 //! reconciled so that counters hold exactly what callers were told (single
-//! server and Cluster), a refund that fails is counted where operators see
-//! it, the default timeout carries a 200-call burst, and a wrong password is
-//! named as such (never echoed).
+//! server and Cluster; debits that always count stand), a refund that fails
+//! is counted where operators see it, the default timeout carries a 200-call
+//! burst, and a wrong password is named as such (never echoed).
 
 mod support;
 
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::limiter::ManualClock;
+use sluice::limiter::{Counting, ManualClock};
 use sluice::settings::Settings;
 use sluice::store::{
     Batch, BatchItem, BreakerConfig, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
@@ -155,6 +155,42 @@ async fn calls_that_time_out_after_their_script_ran_are_refunded() {
     let (admitted, over, errors) = burst(&reader, 200, &["after"]).await;
     assert_eq!((admitted, over), (5, 195), "{errors:?}");
     expect_counter(&reader, "after", 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_call_refunds_what_was_admitted_but_not_what_always_counts() {
+    let redis = RedisServer::start();
+    let prefix = support::unique_prefix();
+    let store = open_with(RedisStoreConfig {
+        coalesce: false,
+        ..config(&redis.url(), &prefix, Duration::from_millis(50))
+    })
+    .await;
+    let reader = open(&redis.url(), &prefix, Duration::from_secs(5)).await;
+    let ran = evalsha_calls(redis.port());
+    let charge = BatchItem {
+        counting: Counting::Always,
+        ..item("charged", 2)
+    };
+    let batch = Batch {
+        items: vec![item("admitted", 1), charge],
+    };
+
+    // The call is in Redis's socket when its caller gives up; on resume it
+    // runs and admits the request.
+    redis.pause();
+    let outcome = store.apply(&batch).await;
+    redis.resume();
+    assert!(
+        matches!(outcome, Err(StoreError::Timeout(_))),
+        "{outcome:?}"
+    );
+    wait_evalsha(redis.port(), ran + 1).await;
+    expect_refunds_made(&store).await;
+    // The admitted debit is taken back; the usage charge stands, as it
+    // would had the request been refused.
+    expect_counter(&reader, "admitted", 0).await;
+    expect_counter(&reader, "charged", 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -395,9 +395,20 @@ impl RedisStore {
                 // refunds what it counted (see the module docs).
                 abandoned.store(true, Ordering::Relaxed);
                 self.shared.timed_out(target, slot, started);
+                // Every item has its answers in the reply; refunds and
+                // always-counted debits stand whatever the request decides
+                // (as when it is refused), so they are owed nothing.
                 let owed = items
                     .iter()
-                    .map(|&i| Owed::new(target, keys[i].as_ref(), &batch.items[i]))
+                    .map(|&i| {
+                        let item = &batch.items[i];
+                        let stands = item.refund || item.counting == Counting::Always;
+                        let mut owed = Owed::new(target, keys[i].as_ref(), item);
+                        if stands {
+                            owed.hits = 0;
+                        }
+                        owed
+                    })
                     .collect();
                 let shared = self.shared.clone();
                 tokio::spawn(async move {
@@ -795,7 +806,11 @@ impl Shared {
                 let answers = values.by_ref().take(o.limits.len()).collect();
                 (o, answers)
             })
+            .filter(|(o, _)| o.hits > 0)
             .collect();
+        if parts.is_empty() {
+            return;
+        }
         tracing::info!(
             items = parts.len(),
             "refunding a decision that ran after its caller's timeout"
