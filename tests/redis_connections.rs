@@ -3,8 +3,9 @@
 //! (`tls-auth-clients yes`) and a certificate whose name is not the host's
 //! (each refused when it should be); a unix socket; and a second Redis for
 //! per-second limits (envoyproxy/ratelimit's `REDIS_PERSECOND`), exact
-//! across the two; and a Sentinel-managed primary, followed through a
-//! failover with its counters intact.
+//! across the two; a Sentinel-managed primary, followed through a failover
+//! with its counters intact, also when its host is lost; and a connection
+//! to a primary demoted outside Sentinel, dialled again.
 
 mod support;
 
@@ -347,6 +348,109 @@ async fn a_sentinel_primary_is_followed_through_a_failover_with_its_counters() {
             .map(Reply::to_string),
         Some("master".to_owned())
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_primary_whose_host_is_lost_is_left_for_the_promoted_replica() {
+    let primary = RedisServer::start();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    let sentinel = RedisServer::start_sentinel(primary.port());
+    wait_for(
+        "the sentinel to find the replica",
+        Duration::from_secs(30),
+        || {
+            sentinel
+                .query(&["SENTINEL", "REPLICAS", "mymaster"])
+                .items()
+                .len()
+                == 1
+        },
+    );
+    let url = format!("redis-sentinel://127.0.0.1:{}/mymaster", sentinel.port());
+    let store = connect(&config(&url, RedisTls::default(), None))
+        .await
+        .expect("connect through the sentinel");
+    let limited = item("lost host", per_minute(5));
+    for _ in 0..3 {
+        assert!(admitted(&store, std::slice::from_ref(&limited)).await);
+    }
+    assert_eq!(primary.query(&["WAIT", "1", "5000"]), Reply::Integer(1));
+
+    // The primary's host is lost: its process stops, so its sockets stay
+    // open and nothing answers on them or closes them. The sentinel
+    // promotes the replica.
+    primary.pause();
+    let replica_port = replica.port().to_string();
+    wait_for(
+        "the sentinel to promote the replica",
+        Duration::from_secs(60),
+        || named_primary(&sentinel) == replica_port,
+    );
+    // The store's connection to the lost primary never breaks by itself:
+    // it is replaced once its PING goes unanswered, and dialled again
+    // through the sentinel. Calls until then time out (they reached a
+    // Redis that never runs them).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut answers = Vec::new();
+    while answers.len() < 3 {
+        let batch = Batch {
+            items: vec![limited.clone()],
+        };
+        match store.apply(&batch).await {
+            Ok(outcome) => answers.push(outcome.admitted),
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no answer from the promoted replica: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert_eq!(answers, [true, true, false], "5 in all, 3 before");
+    assert_eq!(used(&store, &limited).await, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_answered_readonly_is_dialled_again() {
+    let redis = RedisServer::start();
+    let other = RedisServer::start();
+    let store = connect(&config(&redis.url(), RedisTls::default(), None))
+        .await
+        .expect("connect");
+    let limited = item("demoted", per_minute(5));
+    assert!(admitted(&store, std::slice::from_ref(&limited)).await);
+    // A failover outside Sentinel (an operator, a Service that moves)
+    // demotes this Redis; its clients stay connected and are refused.
+    let other_port = other.port().to_string();
+    let demoted = redis.query(&["REPLICAOF", "127.0.0.1", &other_port]);
+    assert!(!demoted.is_error(), "{demoted:?}");
+    // One connection of the test's own, so that its reads add none.
+    let mut watch = redis.connect();
+    let mut received = || {
+        let info = watch.call(&["INFO", "stats"]).expect("INFO").to_string();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .map(|n| n.trim().parse::<u64>().expect("a count"))
+            .expect("the connection count")
+    };
+    let before = received();
+    let batch = Batch {
+        items: vec![limited.clone()],
+    };
+    let refused = store.apply(&batch).await.expect_err("a replica refuses");
+    assert!(
+        refused.to_string().contains("read only replica"),
+        "{refused}"
+    );
+    // The connection that answered READONLY is dialled again (here to the
+    // same replica, where a moved name would find the new primary).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while received() <= before {
+        assert!(Instant::now() < deadline, "the store never dialled again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

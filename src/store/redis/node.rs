@@ -6,10 +6,15 @@
 //!
 //! Each connection has a task of its own that makes it (`dial.rs`), waits
 //! for it to end, and makes it again, from 0 up to 1 s apart, forever: a
-//! broken connection is replaced without any caller waiting for it. Nothing
-//! is ever resent: a call on a connection that breaks fails, and a call
-//! only ever goes to a connection that is up (none up: it fails at once
-//! rather than queue).
+//! broken connection is replaced without any caller waiting for it. A
+//! connection is also replaced when it stops answering (a `PING` every
+//! [`PROBE_EVERY`] must be answered within [`STUCK_AFTER`]: a lost host
+//! leaves a socket that never breaks by itself) and when it answers
+//! `READONLY` (its Redis was demoted to a replica; dialling again finds the
+//! new primary through Sentinel, or a Service or DNS name that moved).
+//! Nothing is ever resent: a call on a connection that breaks fails, and a
+//! call only ever goes to a connection that is up (none up: it fails at
+//! once rather than queue).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +23,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, FromRedisValue, RedisError, Value};
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use super::dial::{DialError, Dialer, Place, refusal};
@@ -132,8 +138,22 @@ impl Eval {
     }
 }
 
-/// One connection of a node: up (`Some`) or being made again (`None`).
-type Line = RwLock<Option<MultiplexedConnection>>;
+/// How often a connection that is up is asked `PING`.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// A connection that has not answered a `PING` for this long is replaced.
+/// A Redis that is only busy answers sooner (a script past
+/// `busy-reply-threshold`, 5 s by default, gets `BUSY` replies), and a late
+/// reply is waited for no longer than this anyway (`RECONCILE_WAIT`).
+const STUCK_AFTER: Duration = Duration::from_secs(10);
+
+/// One connection of a node.
+#[derive(Default)]
+struct Line {
+    /// Up (`Some`), or being made again (`None`).
+    conn: RwLock<Option<MultiplexedConnection>>,
+    /// Asks the line's task to replace the connection now.
+    replace: Notify,
+}
 
 /// One Redis target and its connections.
 pub(super) struct Node {
@@ -191,7 +211,7 @@ impl Node {
 
     /// Whether any connection is up.
     pub(super) fn is_connected(&self) -> bool {
-        self.lines.iter().any(|line| line.read().is_some())
+        self.lines.iter().any(|line| line.conn.read().is_some())
     }
 
     /// Waits (at most `limit`) until a connection is up or Redis has refused
@@ -210,12 +230,21 @@ impl Node {
         }
     }
 
-    /// A connection that is up, round-robin; none while every one is down
-    /// (the call then fails at once rather than queue).
+    /// A connection that is up, round-robin; none while every one is down.
     pub(super) fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
+        self.connection_on_line().map(|(conn, _)| conn)
+    }
+
+    /// A connection that is up, round-robin, with its line; none while
+    /// every one is down (the call then fails at once rather than queue).
+    fn connection_on_line(&self) -> Result<(MultiplexedConnection, &Line), StoreError> {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         (0..self.lines.len())
-            .find_map(|i| self.lines[(start + i) % self.lines.len()].read().clone())
+            .find_map(|i| {
+                let line = &self.lines[(start + i) % self.lines.len()];
+                let conn = line.conn.read().clone()?;
+                Some((conn, &**line))
+            })
             .ok_or_else(|| self.down())
     }
 
@@ -243,8 +272,8 @@ impl Node {
     /// connection when `asking`), loading its script first if this Redis
     /// lacks it.
     pub(super) async fn run(&self, eval: &Eval, asking: bool) -> Sent {
-        let mut conn = match self.connection() {
-            Ok(conn) => conn,
+        let (mut conn, line) = match self.connection_on_line() {
+            Ok(up) => up,
             Err(e) => return Sent::Failed(e),
         };
         let mut result = send(&mut conn, &eval.cmd, asking).await;
@@ -254,6 +283,10 @@ impl Node {
                 Ok(_) => send(&mut conn, &eval.cmd, asking).await,
                 Err(e) => Err(e),
             };
+        }
+        if matches!(&result, Err(e) if e.code() == Some("READONLY")) {
+            // Demoted to a replica: dialling again finds the primary.
+            line.replace.notify_waiters();
         }
         match result.and_then(|reply| Vec::<i64>::from_redis_value(reply).map_err(Into::into)) {
             Ok(reply) => Sent::Reply(reply),
@@ -286,7 +319,7 @@ impl Node {
             keeper.abort();
         }
         for line in &self.lines {
-            line.write().take();
+            line.conn.write().take();
         }
     }
 }
@@ -315,12 +348,22 @@ impl Keeper {
                 Ok((conn, traffic)) => {
                     let up = std::time::Instant::now();
                     *self.last_failure.lock() = None;
-                    *self.line.write() = Some(conn);
-                    // Aborted with this task (`quit`), so the socket closes.
+                    *self.line.conn.write() = Some(conn.clone());
+                    // Aborted with this task (`quit`), or when the
+                    // connection is replaced, so the socket closes.
                     let traffic = AbortOnDrop(traffic);
-                    let _ = traffic.wait().await;
-                    self.line.write().take();
-                    tracing::warn!(node = %self.name, "Redis connection lost; reconnecting");
+                    tokio::select! {
+                        _ = traffic.wait() => {
+                            tracing::warn!(node = %self.name, "Redis connection lost; reconnecting");
+                        }
+                        () = self.line.replace.notified() => {
+                            tracing::warn!(node = %self.name, "Redis answered READONLY (no longer a primary); reconnecting");
+                        }
+                        () = stuck(conn) => {
+                            tracing::warn!(node = %self.name, after = ?STUCK_AFTER, "Redis connection gave no answer; replacing it");
+                        }
+                    }
+                    self.line.conn.write().take();
                     backoff.lost(up.elapsed())
                 }
                 Err(failure) => {
@@ -332,6 +375,21 @@ impl Keeper {
                 }
             };
             tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// Returns once `conn` has not answered a `PING` for [`STUCK_AFTER`];
+/// any answer, an error included, shows it alive.
+async fn stuck(mut conn: MultiplexedConnection) {
+    let ping = redis::cmd("PING");
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        if tokio::time::timeout(STUCK_AFTER, conn.send_packed_command(&ping))
+            .await
+            .is_err()
+        {
+            return;
         }
     }
 }
