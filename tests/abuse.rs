@@ -86,10 +86,29 @@ async fn raw_call(
     body: Bytes,
     end: bool,
 ) -> (u16, Option<String>) {
+    let (http, headers) = raw_call_with(h2, content_type, &[], body, end).await;
+    let status = headers
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (http, status)
+}
+
+/// [`raw_call`] with more request `headers`; the answer's HTTP status and
+/// headers (a trailers-only answer's status is among them).
+async fn raw_call_with(
+    h2: &mut H2,
+    content_type: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Bytes,
+    end: bool,
+) -> (u16, http::HeaderMap) {
     let mut request =
         http::Request::post(format!("http://sluice{RLS_PATH}")).header("te", "trailers");
     if let Some(content_type) = content_type {
         request = request.header("content-type", content_type);
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
     }
     let ready = h2.clone().ready().await.expect("stream available");
     *h2 = ready;
@@ -101,13 +120,9 @@ async fn raw_call(
         .await
         .expect("an answer")
         .expect("a response");
-    let status = response
-        .headers()
-        .get("grpc-status")
-        .map(|v| v.to_str().unwrap().to_owned());
     // Keep the request stream open until the answer is read.
     drop(stream);
-    (response.status().as_u16(), status)
+    (response.status().as_u16(), response.headers().clone())
 }
 
 async fn metrics(server: &Server) -> String {
@@ -191,23 +206,44 @@ async fn undecodable_messages_are_invalid_argument_and_counted() {
     server.stop().await;
 }
 
-/// Sluice offers no compression: a message flagged compressed is
-/// UNIMPLEMENTED, and a well-formed one after it on the same connection is
-/// still answered.
+/// Sluice offers no compression, and answers as tonic (and grpc-go) do: a
+/// message flagged compressed with no `grpc-encoding` is a protocol error
+/// of the client's (INVALID_ARGUMENT, counted), an encoding it does not
+/// offer is UNIMPLEMENTED with the ones it does; a well-formed call after
+/// them on the same connection is still answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_compressed_message_is_unimplemented() {
+async fn compressed_messages_are_refused_as_tonic_refuses_them() {
     let server = Server::start(RULES, HeaderMode::Off).await;
     let (mut h2, _connection) = h2_connect(server.grpc).await;
     let mut compressed = whole(&[0x0a, 0x01, b'x']).to_vec();
     compressed[0] = 1;
-    let (http, grpc) = raw_call(
-        &mut h2,
-        Some("application/grpc"),
-        Bytes::from(compressed),
-        true,
-    )
-    .await;
-    assert_eq!((http, grpc.as_deref()), (200, Some("12")), "UNIMPLEMENTED");
+    let compressed = Bytes::from(compressed);
+    let (http, grpc) = raw_call(&mut h2, Some("application/grpc"), compressed.clone(), true).await;
+    assert_eq!(
+        (http, grpc.as_deref()),
+        (200, Some("3")),
+        "INVALID_ARGUMENT"
+    );
+    let gzip = [("grpc-encoding", "gzip")];
+    let (http, headers) =
+        raw_call_with(&mut h2, Some("application/grpc"), &gzip, compressed, true).await;
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(
+        (http, header("grpc-status"), header("grpc-accept-encoding")),
+        (200, Some("12".to_owned()), Some("identity".to_owned())),
+        "UNIMPLEMENTED, naming what is offered"
+    );
+    let text = metrics(&server).await;
+    for line in [
+        r#"sluice_requests_invalid_total{reason="decode"} 1"#,
+        r#"sluice_requests_total{code="INVALID_ARGUMENT"} 1"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no `{line}` in
+{text}"
+        );
+    }
     rls_ok(&server).await;
     server.stop().await;
 }
@@ -537,7 +573,15 @@ async fn the_debug_port_closes_silent_connections_and_has_a_cap() {
         ..ServeOptions::default()
     })
     .await;
-    let mut silent = TcpStream::connect(debug).await.unwrap();
+    // The server binds the debug port in its own task: wait for it.
+    let deadline = Instant::now() + PATIENCE;
+    let mut silent = loop {
+        match TcpStream::connect(debug).await {
+            Ok(tcp) => break tcp,
+            Err(e) => assert!(Instant::now() < deadline, "no debug port: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     read_to_close(&mut silent).await;
     wait_for_metric(
         &server,

@@ -6,9 +6,12 @@
 //! decision itself; every other gRPC method still goes through tonic.
 //!
 //! The answers are tonic's, as a client sees them: a message over the cap
-//! is refused RESOURCE_EXHAUSTED on its length prefix, one that does not
-//! decode is INVALID_ARGUMENT, a compressed one UNIMPLEMENTED, and each is
-//! counted as `grpc.rs` counts tonic's refusals.
+//! is refused RESOURCE_EXHAUSTED on its length prefix; one that does not
+//! decode, or is flagged compressed while no `grpc-encoding` says how, is
+//! INVALID_ARGUMENT (tonic's INTERNAL, as `grpc.rs` rewrites it); a
+//! `grpc-encoding` other than `identity` is UNIMPLEMENTED with the
+//! encodings offered; and each is counted as `grpc.rs` counts tonic's
+//! refusals.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -39,6 +42,11 @@ pub(crate) async fn answer(
     invalid: &InvalidRequestCounters,
 ) -> Response<Body> {
     let (parts, body) = request.into_parts();
+    if let Some(encoding) = parts.headers.get("grpc-encoding")
+        && encoding != "identity"
+    {
+        return Refusal::Encoding(encoding.clone()).answer(invalid);
+    }
     let message = match read_message(body, max_request_bytes).await {
         Ok(message) => message,
         Err(refusal) => return refusal.answer(invalid),
@@ -67,8 +75,9 @@ enum Refusal {
     Decode(String),
     /// Declared larger than the cap.
     TooLarge(usize),
-    /// Compressed, while no compression is offered.
-    Compressed,
+    /// Sent with a `grpc-encoding` that is not offered (none is but
+    /// `identity`).
+    Encoding(HeaderValue),
     /// The body could not be read (the client reset the stream).
     Body(String),
 }
@@ -87,9 +96,16 @@ impl Refusal {
                     "message of {length} bytes is over the limit"
                 ))
             }
-            Refusal::Compressed => tonic::Status::unimplemented(
-                "compressed messages are not supported (no grpc-encoding is offered)",
-            ),
+            Refusal::Encoding(encoding) => {
+                let mut answer = tonic::Status::unimplemented(format!(
+                    "grpc-encoding {encoding:?} is not supported (only identity is)"
+                ))
+                .into_http();
+                answer
+                    .headers_mut()
+                    .insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
+                return answer;
+            }
             Refusal::Body(why) => tonic::Status::cancelled(why),
         };
         status.into_http()
@@ -104,7 +120,10 @@ async fn read_message(mut body: Incoming, max: usize) -> Result<Bytes, Refusal> 
     loop {
         if wanted.is_none() && buffer.len() >= PREFIX {
             if buffer[0] != 0 {
-                return Err(Refusal::Compressed);
+                return Err(Refusal::Decode(
+                    "protocol error: received message with compressed-flag but no grpc-encoding was specified"
+                        .to_owned(),
+                ));
             }
             let length = u32::from_be_bytes([buffer[1], buffer[2], buffer[3], buffer[4]]) as usize;
             if length > max {
