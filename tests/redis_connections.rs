@@ -280,8 +280,18 @@ fn named_primary(sentinel: &RedisServer) -> String {
         .unwrap_or_default()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sentinel_primary_is_followed_through_a_failover_with_its_counters() {
+/// A primary, its replica and a sentinel watching them, a store that
+/// reaches the primary through the sentinel, and the limit (5 a minute)
+/// of `name`, admitted 3 times and copied to the replica.
+struct Watched {
+    primary: RedisServer,
+    replica: RedisServer,
+    sentinel: RedisServer,
+    store: RedisStore,
+    limited: BatchItem,
+}
+
+async fn watched_by_a_sentinel(name: &str) -> Watched {
     let primary = RedisServer::start();
     let replica =
         RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
@@ -301,13 +311,32 @@ async fn a_sentinel_primary_is_followed_through_a_failover_with_its_counters() {
     let store = connect(&config(&url, RedisTls::default(), None))
         .await
         .expect("connect through the sentinel");
-    let limited = item("sentinel", per_minute(5));
+    let limited = item(name, per_minute(5));
     for _ in 0..3 {
         assert!(admitted(&store, std::slice::from_ref(&limited)).await);
     }
     // The counts are on the primary, and copied to the replica before it
     // takes over.
     assert_eq!(primary.query(&["WAIT", "1", "5000"]), Reply::Integer(1));
+    Watched {
+        primary,
+        replica,
+        sentinel,
+        store,
+        limited,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_primary_is_followed_through_a_failover_with_its_counters() {
+    // The old primary stays up (kept by its name) and is demoted.
+    let Watched {
+        primary: _primary,
+        replica,
+        sentinel,
+        store,
+        limited,
+    } = watched_by_a_sentinel("sentinel").await;
 
     let failover = sentinel.query(&["SENTINEL", "FAILOVER", "mymaster"]);
     assert!(!failover.is_error(), "{failover}");
@@ -352,30 +381,13 @@ async fn a_sentinel_primary_is_followed_through_a_failover_with_its_counters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_primary_whose_host_is_lost_is_left_for_the_promoted_replica() {
-    let primary = RedisServer::start();
-    let replica =
-        RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
-    let sentinel = RedisServer::start_sentinel(primary.port());
-    wait_for(
-        "the sentinel to find the replica",
-        Duration::from_secs(30),
-        || {
-            sentinel
-                .query(&["SENTINEL", "REPLICAS", "mymaster"])
-                .items()
-                .len()
-                == 1
-        },
-    );
-    let url = format!("redis-sentinel://127.0.0.1:{}/mymaster", sentinel.port());
-    let store = connect(&config(&url, RedisTls::default(), None))
-        .await
-        .expect("connect through the sentinel");
-    let limited = item("lost host", per_minute(5));
-    for _ in 0..3 {
-        assert!(admitted(&store, std::slice::from_ref(&limited)).await);
-    }
-    assert_eq!(primary.query(&["WAIT", "1", "5000"]), Reply::Integer(1));
+    let Watched {
+        primary,
+        replica,
+        sentinel,
+        store,
+        limited,
+    } = watched_by_a_sentinel("lost host").await;
 
     // The primary's host is lost: its process stops, so its sockets stay
     // open and nothing answers on them or closes them. The sentinel

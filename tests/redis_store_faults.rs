@@ -58,6 +58,16 @@ async fn open_with(config: RedisStoreConfig) -> Arc<RedisStore> {
     )
 }
 
+/// A store on `redis` that times calls out after 50 ms and sends each
+/// request in a call of its own.
+async fn uncoalesced(redis: &RedisServer, prefix: &str) -> Arc<RedisStore> {
+    open_with(RedisStoreConfig {
+        coalesce: false,
+        ..config(&redis.url(), prefix, Duration::from_millis(50))
+    })
+    .await
+}
+
 /// Fires `n` copies of `batch` at once; `(admitted, over limit, errors)`.
 async fn burst(store: &Arc<RedisStore>, n: usize, items: &[&str]) -> (usize, usize, Vec<String>) {
     let calls = (0..n).map(|_| {
@@ -134,11 +144,7 @@ async fn expect_counter(reader: &RedisStore, name: &str, want: u64) {
 async fn calls_that_time_out_after_their_script_ran_are_refunded() {
     let redis = RedisServer::start();
     let prefix = support::unique_prefix();
-    let store = open_with(RedisStoreConfig {
-        coalesce: false,
-        ..config(&redis.url(), &prefix, Duration::from_millis(50))
-    })
-    .await;
+    let store = uncoalesced(&redis, &prefix).await;
     let reader = open(&redis.url(), &prefix, Duration::from_secs(5)).await;
     let ran = evalsha_calls(redis.port());
 
@@ -161,11 +167,7 @@ async fn calls_that_time_out_after_their_script_ran_are_refunded() {
 async fn a_timed_out_call_refunds_what_was_admitted_but_not_what_always_counts() {
     let redis = RedisServer::start();
     let prefix = support::unique_prefix();
-    let store = open_with(RedisStoreConfig {
-        coalesce: false,
-        ..config(&redis.url(), &prefix, Duration::from_millis(50))
-    })
-    .await;
+    let store = uncoalesced(&redis, &prefix).await;
     let reader = open(&redis.url(), &prefix, Duration::from_secs(5)).await;
     let ran = evalsha_calls(redis.port());
     let charge = BatchItem {
@@ -230,11 +232,7 @@ async fn coalesced_calls_that_time_out_after_their_script_ran_are_refunded() {
 async fn a_refund_that_fails_is_counted_and_shown_in_the_metrics() {
     let redis = RedisServer::start();
     let prefix = support::unique_prefix();
-    let store = open_with(RedisStoreConfig {
-        coalesce: false,
-        ..config(&redis.url(), &prefix, Duration::from_millis(50))
-    })
-    .await;
+    let store = uncoalesced(&redis, &prefix).await;
     let metrics = Metrics::new(MetricsConfig::default());
     store.count_refund_failures_in(metrics.store_refund_failures());
     let key = item("spoiled", 0).identity.storage_key(&prefix);
