@@ -2,7 +2,7 @@
 //! the store's answers. The cache answers only when the store's answer is
 //! known (see `overlimit` for why), so both paths give the same decision.
 
-use crate::limiter::{Counting, Millis, admits};
+use crate::limiter::{Millis, admits};
 use crate::store::{Batch, LimitOutcome};
 
 use super::Limiter;
@@ -24,7 +24,7 @@ impl<S> Limiter<S> {
             || batch
                 .items
                 .iter()
-                .any(|item| item.hits == 0 || item.refund || item.counting == Counting::Always)
+                .any(|item| item.hits == 0 || item.stands())
             || admits(batch.items.iter().map(|item| (item.role, true)))
         {
             return None;

@@ -27,10 +27,8 @@ use foldhash::fast::RandomState;
 use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{Batch, BatchItem, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
-use crate::limiter::{
-    Clock, CounterKey, Counting, Identity, LimitSpec, Millis, State, Window, admits,
-};
+use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
+use crate::limiter::{Clock, CounterKey, Identity, LimitSpec, Millis, State, Window, admits};
 
 /// Counters sampled when a full shard must make room.
 const EVICTION_SAMPLES: usize = 8;
@@ -253,11 +251,10 @@ impl MemoryStore {
             };
             counters.len()
         ];
-        let standing = |item: &BatchItem| item.refund || item.counting == Counting::Always;
         for phase in [true, false] {
             let mut index = 0;
             for item in &batch.items {
-                if standing(item) != phase {
+                if item.stands() != phase {
                     index += item.limits.len();
                     continue;
                 }

@@ -57,6 +57,12 @@ impl BatchItem {
         self.hits > 0 && self.reports_counted(admitted)
     }
 
+    /// Whether this item's weight stands whatever the request decides: a
+    /// refund, or an always-counting debit.
+    pub fn stands(&self) -> bool {
+        self.refund || self.counting == Counting::Always
+    }
+
     /// Whether the `used` reported for this item includes its weight (and
     /// the earlier weights of the request on the same counter): when its
     /// weight was (or, being 0, would have been) counted.

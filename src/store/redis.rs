@@ -402,9 +402,8 @@ impl RedisStore {
                     .iter()
                     .map(|&i| {
                         let item = &batch.items[i];
-                        let stands = item.refund || item.counting == Counting::Always;
                         let mut owed = Owed::new(target, keys[i].as_ref(), item);
-                        if stands {
+                        if item.stands() {
                             owed.hits = 0;
                         }
                         owed
@@ -980,9 +979,7 @@ impl CounterStore for RedisStore {
                 .filter_map(|(i, outcome)| match outcome {
                     // Refunds and always-counted debits stand whatever the
                     // request decides.
-                    _ if batch.items[i].refund || batch.items[i].counting == Counting::Always => {
-                        None
-                    }
+                    _ if batch.items[i].stands() => None,
                     Some((answers, true)) => Some((
                         Owed::new(targets[i], &keys[i], &batch.items[i]),
                         answers.clone(),

@@ -346,7 +346,7 @@ impl Keeper {
         loop {
             let pause = match self.dialer.connect(&self.place).await {
                 Ok((conn, traffic)) => {
-                    let up = std::time::Instant::now();
+                    let up = Instant::now();
                     *self.last_failure.lock() = None;
                     *self.line.conn.write() = Some(conn.clone());
                     // Aborted with this task (`quit`), or when the

@@ -1,7 +1,7 @@
 //! The scripts' wire format on the Rust side: how a limit and a weight are
 //! passed to decide.lua and refund.lua, and how a decide.lua reply reads.
 
-use crate::limiter::{Algorithm, Counting, LimitSpec};
+use crate::limiter::{Algorithm, LimitSpec};
 use crate::store::{BatchItem, LimitOutcome, counted_used};
 
 pub(super) fn hits(hits: u64) -> i64 {
@@ -65,7 +65,7 @@ impl Answer {
     /// counter after them whatever the request decided (for a refund, the
     /// script's `before` is already the value after it).
     pub(super) fn outcome(self, item: &BatchItem, admitted: bool) -> LimitOutcome {
-        let after = admitted || item.refund || item.counting == Counting::Always;
+        let after = admitted || item.stands();
         LimitOutcome {
             used: counted_used(
                 item.reports_counted(admitted),
