@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -117,9 +118,10 @@ pub(crate) async fn accept<C, F>(
         let connection = serve(stream, activity.clone());
         let (listener, closing) = (listener.clone(), closing.clone());
         tokio::spawn(async move {
-            listener.counters.open.inc();
+            // Taken down when the task ends, even by a panic (which would
+            // also release the permit, as it drops it).
+            let _open = Open::count(&listener.counters.open);
             drive(connection, &activity, &listener, &closing).await;
-            listener.counters.open.dec();
             drop(permit);
         });
     }
@@ -130,6 +132,22 @@ pub(crate) async fn accept<C, F>(
         .acquire_many(listener.limits.max_connections)
         .await
         .map(drop);
+}
+
+/// One connection counted in its listener's open gauge while this lives.
+struct Open<'a>(&'a Gauge);
+
+impl<'a> Open<'a> {
+    fn count(gauge: &'a Gauge) -> Self {
+        gauge.inc();
+        Open(gauge)
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// After a failed accept: per-connection errors (the client already left)
