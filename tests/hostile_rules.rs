@@ -1,6 +1,6 @@
 //! Rules files written to hurt: YAML alias bombs, NUL and other forbidden
-//! characters, nesting deep enough to overflow a recursive parser, oversized
-//! files. Each is refused with its file and line, by `sluice check-config`
+//! characters, nesting deep enough to overflow a recursive parser (written
+//! out, or through a chain of aliases), oversized files. Each is refused with its file and line, by `sluice check-config`
 //! within a memory limit and by a running server, which keeps its old rules.
 //! Ordinary anchors and merge keys still load.
 
@@ -33,6 +33,33 @@ fn alias_bomb(levels: usize) -> String {
         writeln!(text, "a{level}: &a{level} [{aliases}]").unwrap();
     }
     writeln!(text, "descriptors: *a{levels}").unwrap();
+    text
+}
+
+/// A rules file that nests through aliases: each of `links` anchors holds
+/// the one before inside 95 levels of lists, so no list is opened deeper
+/// than 95 while the copies nest about 15,000 deep at 160 links; a comment
+/// pads it to nearly the 4 MiB cap, which raises the alias budget enough
+/// for every copy. Parsed without a depth check on aliases, it overflowed
+/// the stack of the process that compiled (or dropped) it.
+fn alias_chain(links: usize) -> String {
+    let mut text = String::from(
+        "domain: chain
+",
+    );
+    let mut inner = String::from("x");
+    for n in 0..links {
+        writeln!(
+            text,
+            "a{n}: &a{n} {}{inner}{}",
+            "[".repeat(95),
+            "]".repeat(95)
+        )
+        .unwrap();
+        inner = format!("*a{n}");
+    }
+    let pad = 4_000_000usize.saturating_sub(text.len());
+    writeln!(text, "# {}", "x".repeat(pad)).unwrap();
     text
 }
 
@@ -299,7 +326,7 @@ fn json_status(http_addr: std::net::SocketAddr, key: &str) -> u16 {
 }
 
 #[test]
-fn a_server_keeps_its_rules_when_a_bomb_or_a_nul_file_is_dropped_in() {
+fn a_server_keeps_its_rules_when_a_bomb_a_nul_or_an_alias_chain_is_dropped_in() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules");
     fs::create_dir(&rules).unwrap();
@@ -366,5 +393,15 @@ fn a_server_keeps_its_rules_when_a_bomb_or_a_nul_file_is_dropped_in() {
         json_status(http_addr, "b"),
         200,
         "b is not limited: no rule"
+    );
+
+    // Nesting through a chain of aliases is refused as deep nesting is;
+    // the server lives on with its rules.
+    fs::write(rules.join("chain.yaml"), alias_chain(160)).unwrap();
+    errors_counted(3);
+    assert_eq!(
+        json_status(http_addr, "a"),
+        429,
+        "the old rules are still enforced"
     );
 }

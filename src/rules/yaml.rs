@@ -6,7 +6,9 @@
 //!
 //! Hostile input is refused before it can cost much: characters YAML forbids
 //! (a NUL would otherwise end the file silently), nesting deeper than
-//! [`MAX_DEPTH`] (the tree is dropped and compiled recursively), and aliases
+//! [`MAX_DEPTH`] (the tree is dropped and compiled recursively; an alias
+//! counts the levels of what it copies, so a chain of aliases cannot nest
+//! past it either), and aliases
 //! that copy more than [`alias_budget`] bytes (a "billion laughs" file of a
 //! few hundred bytes would otherwise expand to gigabytes). Copies are weighed
 //! in bytes, not nodes, so one long anchored string aliased many times is
@@ -171,17 +173,19 @@ enum Open {
     Map(Vec<(Node, Node)>, Option<Node>, usize, usize),
 }
 
-/// An anchored node and how many nodes its subtree holds.
+/// An anchored node, the weight of its subtree, and how many lists and
+/// maps deep it goes.
 struct Anchored {
     node: Node,
     size: usize,
+    height: usize,
 }
 
 #[derive(Default)]
 struct Builder {
     /// The open lists and maps, innermost last, each with the size of its
-    /// subtree so far.
-    stack: Vec<(Open, usize)>,
+    /// subtree so far and the height of its tallest item.
+    stack: Vec<(Open, usize, usize)>,
     documents: Vec<Node>,
     /// Anchored nodes by anchor id, with their weights.
     anchors: HashMap<usize, Anchored>,
@@ -209,7 +213,9 @@ impl Builder {
         true
     }
 
-    fn finish(&mut self, node: Node, size: usize, anchor: usize) {
+    /// Places `node` (of `size` bytes and `height` levels of lists and
+    /// maps) in the list or map being built, keeping it under `anchor`.
+    fn finish(&mut self, node: Node, size: usize, height: usize, anchor: usize) {
         if anchor > 0 {
             // Keeping the anchored node is a copy too: nested anchors would
             // otherwise copy a subtree once per level.
@@ -221,13 +227,15 @@ impl Builder {
                 Anchored {
                     node: node.clone(),
                     size,
+                    height,
                 },
             );
         }
         match self.stack.last_mut() {
             None => self.documents.push(node),
-            Some((open, total)) => {
+            Some((open, total, tallest)) => {
                 *total = total.saturating_add(size);
+                *tallest = (*tallest).max(height);
                 match open {
                     Open::Seq(items, _, _) => items.push(node),
                     Open::Map(pairs, pending, _, _) => match pending.take() {
@@ -240,14 +248,24 @@ impl Builder {
     }
 
     fn open(&mut self, open: Open, line: usize) {
-        if self.stack.len() >= MAX_DEPTH {
-            self.error.get_or_insert(SyntaxError {
-                line,
-                message: format!("lists and maps nested deeper than {MAX_DEPTH} levels"),
-            });
+        if self.too_deep(1, line) {
             return;
         }
-        self.stack.push((open, NODE_BYTES));
+        self.stack.push((open, NODE_BYTES, 0));
+    }
+
+    /// Whether `height` more levels of lists and maps, here, would pass
+    /// [`MAX_DEPTH`] (then an error at `line`). An alias counts the levels
+    /// of what it copies: a chain of aliases nests without opening any.
+    fn too_deep(&mut self, height: usize, line: usize) -> bool {
+        if self.stack.len().saturating_add(height) <= MAX_DEPTH {
+            return false;
+        }
+        self.error.get_or_insert(SyntaxError {
+            line,
+            message: format!("lists and maps nested deeper than {MAX_DEPTH} levels"),
+        });
+        true
     }
 
     fn on_event(&mut self, event: Event, mark: Marker) {
@@ -262,6 +280,7 @@ impl Builder {
                         line,
                     },
                     weight,
+                    0,
                     anchor,
                 );
             }
@@ -270,16 +289,17 @@ impl Builder {
                 self.open(Open::Map(Vec::new(), None, anchor, line), line);
             }
             Event::SequenceEnd | Event::MappingEnd => {
-                let (node, anchor, size) = match self.stack.pop() {
-                    Some((Open::Seq(items, anchor, line), size)) => (
+                let (node, anchor, size, tallest) = match self.stack.pop() {
+                    Some((Open::Seq(items, anchor, line), size, tallest)) => (
                         Node {
                             kind: Kind::Seq(items),
                             line,
                         },
                         anchor,
                         size,
+                        tallest,
                     ),
-                    Some((Open::Map(pairs, _, anchor, line), size)) => {
+                    Some((Open::Map(pairs, _, anchor, line), size, tallest)) => {
                         let pairs = merge_keys(pairs).unwrap_or_else(|error| {
                             self.error.get_or_insert(error);
                             Vec::new()
@@ -291,28 +311,30 @@ impl Builder {
                             },
                             anchor,
                             size,
+                            tallest,
                         )
                     }
                     None => return,
                 };
-                self.finish(node, size, anchor);
+                self.finish(node, size, tallest + 1, anchor);
             }
             Event::Alias(id) => {
-                let Some(size) = self.anchors.get(&id).map(|a| a.size) else {
+                let Some((size, height)) = self.anchors.get(&id).map(|a| (a.size, a.height)) else {
                     self.error.get_or_insert(SyntaxError {
                         line,
                         message: "alias refers to an unknown anchor".into(),
                     });
                     return;
                 };
-                if self.copy(size, line)
+                if !self.too_deep(height, line)
+                    && self.copy(size, line)
                     && let Some(anchored) = self.anchors.get(&id)
                 {
                     let node = Node {
                         line,
                         ..anchored.node.clone()
                     };
-                    self.finish(node, size, 0);
+                    self.finish(node, size, height, 0);
                 }
             }
             _ => {}
@@ -459,6 +481,31 @@ mod tests {
         }
         let err = parse(&deep).unwrap_err();
         assert_eq!(err.line, MAX_DEPTH + 1);
+        assert!(
+            err.message.contains("nested deeper than 100 levels"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn nesting_through_a_chain_of_aliases_is_limited_too() {
+        // Each anchor nests the one before in 30 more levels: no list is
+        // ever opened deeper than 30, but the copies nest 30 per link.
+        let link = |n: usize, inner: &str| {
+            format!("a{n}: &a{n} {}{inner}{}\n", "[".repeat(30), "]".repeat(30))
+        };
+        let chain = |links: usize| {
+            let mut text = link(0, "x");
+            for n in 1..links {
+                text.push_str(&link(n, &format!("*a{}", n - 1)));
+            }
+            text
+        };
+        // 3 links: 90 levels under the top map, 91 in all.
+        assert!(parse(&chain(3)).is_ok());
+        // 4 links: 121; the fourth anchor's alias is refused where it is.
+        let err = parse(&chain(4)).unwrap_err();
+        assert_eq!(err.line, 4);
         assert!(
             err.message.contains("nested deeper than 100 levels"),
             "{err:?}"
