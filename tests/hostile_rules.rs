@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use sluice::rules::{ConfigError, MAX_FILE_BYTES, parse_domain};
+use sluice::rules::{ConfigError, MAX_FILE_BYTES, MAX_PATH_BYTES, parse_domain};
 
 use support::http;
 
@@ -88,6 +88,65 @@ fn check_config_limited(paths: &[&Path]) -> Output {
         .args(paths)
         .output()
         .expect("running prlimit (util-linux) and sluice")
+}
+
+// ---------------------------------------------------------------------------
+// Long values repeated in every path below them
+// ---------------------------------------------------------------------------
+
+/// One descriptor whose value is `value_bytes` long, and under it
+/// `children` limited descriptors (or, with `unknown`, that many unknown
+/// keys on it instead, each an error that names its path).
+fn long_value_over(value_bytes: usize, children: usize, unknown: bool) -> String {
+    let mut text = format!(
+        "domain: amp\ndescriptors:\n  - key: k\n    value: \"{}\"\n",
+        "x".repeat(value_bytes)
+    );
+    if unknown {
+        for n in 0..children {
+            writeln!(text, "    unknown{n}: 1").unwrap();
+        }
+    } else {
+        text.push_str("    descriptors:\n");
+        for n in 0..children {
+            writeln!(
+                text,
+                "      - {{key: c{n}, rate_limit: {{unit: second, requests_per_unit: 1}}}}"
+            )
+            .unwrap();
+        }
+    }
+    text
+}
+
+#[test]
+fn a_long_value_over_many_descriptors_is_refused_within_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    // Unbounded, the first took 3.4 GB (each of 5,000 rules kept the
+    // 200 KB path three times), the second 1.17 GB (10,000 errors, each
+    // with the 100 KB path).
+    for (name, text) in [
+        ("rules.yaml", long_value_over(200_000, 5_000, false)),
+        ("errors.yaml", long_value_over(100_000, 10_000, true)),
+    ] {
+        let path = dir.path().join(name);
+        fs::write(&path, text).unwrap();
+        let output = check_config_limited(&[&path]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{name}: {output:?}");
+        assert!(
+            stderr.contains(&format!(
+                "descriptor paths (each descriptor's keys and values, repeated in every descriptor under it) would take more than {MAX_PATH_BYTES} bytes"
+            )),
+            "{name}: {}",
+            &stderr[stderr.len().saturating_sub(500)..]
+        );
+    }
+    // Shorter values under as many descriptors still load.
+    let path = dir.path().join("fine.yaml");
+    fs::write(&path, long_value_over(100, 5_000, false)).unwrap();
+    let output = check_config_limited(&[&path]);
+    assert!(output.status.success(), "{output:?}");
 }
 
 // ---------------------------------------------------------------------------

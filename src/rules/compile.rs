@@ -30,6 +30,13 @@ pub const MAX_BUCKETS: u64 = 3_600;
 /// the watched directory by mistake cannot exhaust memory while it is parsed.
 pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 
+/// Most bytes of descriptor paths one source may compile to. Every rule
+/// keeps its path (for errors, `/rlconfig` and stats keys) and every error
+/// copies one, so a long key or value above many descriptors is repeated in
+/// each: unbounded, a 600 KB file (one 200 KB value over 5,000 limits) took
+/// 3.4 GB. Ordinary files stay far below (40,000 rules: about 12 MB).
+pub const MAX_PATH_BYTES: usize = 32 * 1024 * 1024;
+
 const TOP_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
@@ -265,6 +272,7 @@ pub(crate) fn compile_documents(file: &str, docs: &[Yaml]) -> Result<Domain, Vec
     let mut compiler = Compiler {
         file,
         errors: Vec::new(),
+        path_bytes: 0,
     };
     let domain = match docs {
         [] => compiler.fail(
@@ -293,6 +301,8 @@ pub(crate) fn compile_documents(file: &str, docs: &[Yaml]) -> Result<Domain, Vec
 struct Compiler<'f> {
     file: &'f str,
     errors: Vec<ConfigError>,
+    /// Bytes of paths kept so far, against [`MAX_PATH_BYTES`].
+    path_bytes: usize,
 }
 
 /// Per-descriptor flags that shape its rule or its matching.
@@ -311,7 +321,33 @@ struct Flags {
 }
 
 impl Compiler<'_> {
+    /// Counts `bytes` more of kept paths; past [`MAX_PATH_BYTES`], one error
+    /// (at `line`) and `false` from then on, so that compiling stops.
+    fn keep_path(&mut self, bytes: usize, line: usize) -> bool {
+        if self.path_bytes > MAX_PATH_BYTES {
+            return false;
+        }
+        self.path_bytes = self.path_bytes.saturating_add(bytes);
+        if self.path_bytes <= MAX_PATH_BYTES {
+            return true;
+        }
+        self.errors.push(ConfigError {
+            file: self.file.to_owned(),
+            line,
+            path: String::new(),
+            message: format!(
+                "descriptor paths (each descriptor's keys and values, repeated in every \
+                 descriptor under it) would take more than {MAX_PATH_BYTES} bytes: shorten \
+                 the long keys or values, or nest fewer descriptors under them"
+            ),
+        });
+        false
+    }
+
     fn error(&mut self, line: usize, path: &str, message: impl Into<String>) {
+        if !self.keep_path(self.file.len() + path.len(), line) {
+            return;
+        }
         self.errors.push(ConfigError {
             file: self.file.to_owned(),
             line,
@@ -519,6 +555,10 @@ impl Compiler<'_> {
         } else {
             format!("{parent}/{key}={value}")
         };
+        // Its rule keeps the path twice and a stats key of about its length.
+        if !self.keep_path(3 * path.len(), node.line) {
+            return;
+        }
         let Some(map) = self.map(node, &path, "a descriptor", DESCRIPTOR_KEYS) else {
             return;
         };

@@ -18,7 +18,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use compile::{DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, load_paths, parse_domain};
+pub use compile::{
+    DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, MAX_PATH_BYTES, load_paths, parse_domain,
+};
 pub use duration::{Unit, parse_duration, parse_unit};
 pub use wildcard::Pattern;
 
