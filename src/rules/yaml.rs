@@ -15,7 +15,7 @@
 //! refused as surely as many nested short ones. The events are
 //! pulled one at a time, so parsing stops at the first such error.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use yaml_rust2::parser::{Event, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
@@ -347,11 +347,12 @@ fn is_merge_key(node: &Node) -> bool {
     matches!(&node.kind, Kind::Scalar { text, quoted: false } if text == "<<")
 }
 
-/// Whether two mapping keys are the same key (scalars of the same text).
-fn same_key(a: &Node, b: &Node) -> bool {
-    match (&a.kind, &b.kind) {
-        (Kind::Scalar { text: a, .. }, Kind::Scalar { text: b, .. }) => a == b,
-        _ => false,
+/// The text of a scalar key: two keys are the same key when both are
+/// scalars of the same text (lists and maps as keys never are).
+fn scalar_text(node: &Node) -> Option<String> {
+    match &node.kind {
+        Kind::Scalar { text, .. } => Some(text.clone()),
+        _ => None,
     }
 }
 
@@ -366,6 +367,10 @@ fn merge_keys(pairs: Vec<(Node, Node)>) -> Result<Vec<(Node, Node)>, SyntaxError
     }
     let (merges, mut out): (Vec<_>, Vec<_>) =
         pairs.into_iter().partition(|(key, _)| is_merge_key(key));
+    // The scalar keys present (only scalars can be the same key): a set, so
+    // that a merge of many keys is not quadratic (300,000 merged keys took
+    // 84 s compared pair by pair).
+    let mut present: HashSet<String> = out.iter().filter_map(|(key, _)| scalar_text(key)).collect();
     for (_, value) in merges {
         let sources = match value.kind {
             Kind::Map(pairs) => vec![pairs],
@@ -379,7 +384,8 @@ fn merge_keys(pairs: Vec<(Node, Node)>) -> Result<Vec<(Node, Node)>, SyntaxError
             _ => return Err(merge_error(&value)),
         };
         for (key, value) in sources.into_iter().flatten() {
-            if !out.iter().any(|(present, _)| same_key(present, &key)) {
+            let fresh = scalar_text(&key).is_none_or(|text| present.insert(text));
+            if fresh {
                 out.push((key, value));
             }
         }
