@@ -23,6 +23,10 @@ const WEEK: u64 = 7 * DAY;
 /// envoyproxy/ratelimit's month and year are fixed lengths, not calendar ones.
 const MONTH: u64 = 30 * DAY;
 const YEAR: u64 = 365 * DAY;
+/// The longest duration accepted: 100 years. Times and windows are added
+/// as signed milliseconds (and as doubles in Redis's scripts, exact below
+/// 2^53); a window near u64::MAX wrapped the arithmetic.
+pub const MAX_DURATION_MS: u64 = 100 * YEAR;
 
 const NAMED: [(&str, Unit, u64); 7] = [
     ("second", Unit::Second, SECOND),
@@ -132,6 +136,11 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
     if total == 0 {
         return Err("a duration must be positive".into());
     }
+    if total > MAX_DURATION_MS {
+        return Err(format!(
+            "a duration may be at most 100 years ({MAX_DURATION_MS}ms)"
+        ));
+    }
     Ok(total)
 }
 
@@ -155,6 +164,14 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_duration_is_100_years() {
+        assert_eq!(parse_duration("5214w"), Ok(5214 * WEEK));
+        assert_eq!(parse_duration("3153600000000ms"), Ok(MAX_DURATION_MS));
+        let err = parse_duration("3153600000001ms").unwrap_err();
+        assert!(err.contains("at most 100 years"), "{err}");
+    }
+
+    #[test]
     fn bad_durations_are_rejected() {
         for bad in [
             "",
@@ -165,6 +182,8 @@ mod tests {
             "foo",
             "s",
             "99999999999999999999s",
+            "9223372036854775807ms",
+            "5215w",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
         }
