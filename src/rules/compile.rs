@@ -273,6 +273,7 @@ pub(crate) fn compile_documents(file: &str, docs: &[Yaml]) -> Result<Domain, Vec
         file,
         errors: Vec::new(),
         path_bytes: 0,
+        wildcard_paths: HashSet::new(),
     };
     let domain = match docs {
         [] => compiler.fail(
@@ -303,6 +304,10 @@ struct Compiler<'f> {
     errors: Vec<ConfigError>,
     /// Bytes of paths kept so far, against [`MAX_PATH_BYTES`].
     path_bytes: usize,
+    /// The paths of the wildcard descriptors so far: a level keeps its
+    /// wildcards in file order, and looking for a duplicate there was
+    /// quadratic (140,000 wildcards: 20 s).
+    wildcard_paths: HashSet<String>,
 }
 
 /// Per-descriptor flags that shape its rule or its matching.
@@ -555,8 +560,10 @@ impl Compiler<'_> {
         } else {
             format!("{parent}/{key}={value}")
         };
-        // Its rule keeps the path twice and a stats key of about its length.
-        if !self.keep_path(3 * path.len(), node.line) {
+        // Its rule keeps the path twice and a stats key of about its length;
+        // a wildcard's path is also kept to find duplicates.
+        let copies = if Pattern::is_pattern(&value) { 4 } else { 3 };
+        if !self.keep_path(copies * path.len(), node.line) {
             return;
         }
         let Some(map) = self.map(node, &path, "a descriptor", DESCRIPTOR_KEYS) else {
@@ -614,9 +621,9 @@ impl Compiler<'_> {
         let duplicate = if value.is_empty() {
             rules.any.replace(Box::new(compiled)).is_some()
         } else if Pattern::is_pattern(&value) {
-            let dup = rules.wildcards.iter().any(|(p, _)| p.as_str() == value);
             rules.wildcards.push((Pattern::new(&value), compiled));
-            dup
+            // The same key and value at this level is the same path.
+            !self.wildcard_paths.insert(path.clone())
         } else {
             rules.values.insert(value, compiled).is_some()
         };
