@@ -250,9 +250,10 @@ fn open_files_limit() -> Option<u64> {
 }
 
 /// Lowers both connection caps, in proportion, when together they would
-/// not fit in `limit` open files (beside the debug port's, when it is on): past the limit every accept fails, and a
-/// flood of connections on one port would also starve the other (the
-/// kubelet's probes included). A cap refuses clearly; EMFILE does not.
+/// not fit in `limit` open files (beside the debug port's, when it is on):
+/// past the limit every accept fails, and a flood of connections on one
+/// port would also starve the other (the kubelet's probes included). A cap
+/// refuses clearly; EMFILE does not.
 fn fit_connections(options: &mut server::ServeOptions, limit: u64, redis_pool: usize) {
     let debug = options
         .debug_addr

@@ -8,12 +8,12 @@
 //! (a NUL would otherwise end the file silently), nesting deeper than
 //! [`MAX_DEPTH`] (the tree is dropped and compiled recursively; an alias
 //! counts the levels of what it copies, so a chain of aliases cannot nest
-//! past it either), and aliases
-//! that copy more than [`alias_budget`] bytes (a "billion laughs" file of a
-//! few hundred bytes would otherwise expand to gigabytes). Copies are weighed
-//! in bytes, not nodes, so one long anchored string aliased many times is
-//! refused as surely as many nested short ones. The events are
-//! pulled one at a time, so parsing stops at the first such error.
+//! past it either), and aliases that copy more than [`alias_budget`] bytes
+//! (a "billion laughs" file of a few hundred bytes would otherwise expand to
+//! gigabytes). Copies are weighed in bytes, not nodes, so one long anchored
+//! string aliased many times is refused as surely as many nested short ones.
+//! The events are pulled one at a time, so parsing stops at the first such
+//! error.
 
 use std::collections::{HashMap, HashSet};
 
