@@ -1,8 +1,10 @@
-//! The binary as a drop-in for envoyproxy/ratelimit: run through a symlink
-//! named `ratelimit` with only upstream's environment variables, it serves
-//! `/healthcheck`, counts in the Redis named by REDIS_URL, serves
-//! `/rlconfig` on the debug port, and fails `/healthcheck` after SIGTERM
-//! while it drains.
+//! The binary's settings from its environment. As a drop-in for
+//! envoyproxy/ratelimit: run through a symlink named `ratelimit` with only
+//! upstream's environment variables, it serves `/healthcheck`, counts in the
+//! Redis named by REDIS_URL, serves `/rlconfig` on the debug port, fails
+//! `/healthcheck` after SIGTERM while it drains, and names each upstream
+//! variable it does not honour once. A bad value, of upstream's variables
+//! or Sluice's own, stops it with one line naming the variable and value.
 
 mod support;
 
@@ -132,4 +134,167 @@ async fn healthcheck_without_then_with_rules(with_config_loaded: bool) -> (u16, 
 async fn healthcheck_is_200_before_any_rules_unless_asked_to_wait_for_them() {
     assert_eq!(healthcheck_without_then_with_rules(false).await, (200, 200));
     assert_eq!(healthcheck_without_then_with_rules(true).await, (500, 200));
+}
+
+/// Runs the binary (as `name`, a symlink in `dir`) with only `vars` in its
+/// environment and `args`, expecting it to fail; returns its exit code and
+/// stderr.
+fn fails_to_start(
+    dir: &std::path::Path,
+    name: &str,
+    args: &[&str],
+    vars: &[(&str, &str)],
+) -> (Option<i32>, String) {
+    let binary = if name == "ratelimit" {
+        support::ratelimit_binary(dir)
+    } else {
+        env!("CARGO_BIN_EXE_sluice").into()
+    };
+    let out = Command::new(binary)
+        .args(args)
+        .env_clear()
+        .envs(vars.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the binary");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The binary's name, its arguments, its environment, and what it must
+/// print.
+type Case<'a> = (&'a str, &'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
+#[test]
+fn a_bad_setting_stops_the_start_with_one_line_naming_its_variable_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = ["serve"];
+    let cases: [Case; 5] = [
+        (
+            "sluice",
+            &serve,
+            &[("SLUICE_GRPC_ADDR", "abc")],
+            "sluice: invalid SLUICE_GRPC_ADDR=\"abc\": invalid socket address syntax\n",
+        ),
+        (
+            "sluice",
+            &serve,
+            &[("SLUICE_REDIS_TIMEOUT_MS", "soon")],
+            "sluice: invalid SLUICE_REDIS_TIMEOUT_MS=\"soon\": expected a whole number\n",
+        ),
+        (
+            "sluice",
+            &serve,
+            &[("SLUICE_ON_STORE_ERROR", "panic")],
+            "sluice: invalid SLUICE_ON_STORE_ERROR=\"panic\": expected one of unavailable, allow, deny\n",
+        ),
+        (
+            "sluice",
+            &serve,
+            &[("SLUICE_COUNTING", "sometimes")],
+            "sluice: invalid SLUICE_COUNTING=\"sometimes\": expected one of admitted, always\n",
+        ),
+        (
+            "ratelimit",
+            &[],
+            &[("PORT", "abc")],
+            "sluice: invalid PORT=\"abc\": expected a port number (0 to 65535)\n",
+        ),
+    ];
+    for (name, args, vars, expected) in cases {
+        let (code, stderr) = fails_to_start(dir.path(), name, args, vars);
+        assert_eq!(code, Some(2), "{vars:?}: {stderr}");
+        assert_eq!(stderr, expected, "{vars:?}");
+        if name == "ratelimit" {
+            std::fs::remove_file(dir.path().join("ratelimit")).unwrap();
+        }
+    }
+    // A settings-file key, with the file.
+    let file = dir.path().join("sluice.yaml");
+    std::fs::write(&file, "max_entries: many\n").unwrap();
+    let path = file.display().to_string();
+    let (code, stderr) = fails_to_start(dir.path(), "sluice", &["serve", "--config", &path], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!("sluice: invalid max_entries = \"many\" in {path}: expected a whole number\n")
+    );
+    // A flag: clap's own message names it and the value, once.
+    let (code, stderr) =
+        fails_to_start(dir.path(), "sluice", &["serve", "--grpc-addr", "abc"], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: invalid value 'abc' for '--grpc-addr <ADDR>': invalid socket address syntax\n"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("invalid socket address syntax").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn every_unsupported_upstream_variable_set_is_named_once_at_start() {
+    use sluice::settings::unsupported::UNSUPPORTED;
+    let dir = tempfile::tempdir().unwrap();
+    let rules_dir = dir.path().join("runtime/config");
+    std::fs::create_dir_all(&rules_dir).unwrap();
+    std::fs::write(rules_dir.join("rules.yaml"), RULES).unwrap();
+    let binary = support::ratelimit_binary(dir.path());
+    let (http, grpc, debug) = (free_port(), free_port(), free_port());
+    let mut command = Command::new(&binary);
+    command
+        .env_clear()
+        .env("HOST", "127.0.0.1")
+        .env("PORT", http.to_string())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", debug.to_string())
+        .env("RUNTIME_ROOT", dir.path().join("runtime"))
+        .env("USE_STATSD", "false");
+    // A value under which upstream and Sluice differ, for every variable.
+    for u in UNSUPPORTED {
+        command.env(u.name, "set-by-a-test");
+    }
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ratelimit");
+    let mut process = Process(child);
+    let http: SocketAddr = ([127, 0, 0, 1], http).into();
+    assert_eq!(support::wait_for_http(http, "/healthcheck", 200), "OK");
+    let pid = process.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut stderr = String::new();
+    use std::io::Read as _;
+    process
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(process.0.wait().unwrap().success(), "{stderr}");
+    for u in UNSUPPORTED {
+        let line = format!("{} is not supported: {}", u.name, u.instead);
+        assert_eq!(stderr.matches(&line).count(), 1, "{line}\nin:\n{stderr}");
+    }
+    assert_eq!(
+        stderr.matches(" is not supported: ").count(),
+        UNSUPPORTED.len(),
+        "{stderr}"
+    );
 }

@@ -5,8 +5,8 @@
 //! --settings-from envoy-ratelimit`. [`layer`] turns upstream's variables
 //! into values of the settings declared in `settings!` (as strings, which
 //! the same serde path then parses); nothing here is a second settings
-//! struct. Upstream variables Sluice does not honour are reported by
-//! [`unsupported`], one line each, to be logged once at start.
+//! struct. Upstream variables Sluice does not honour are listed in
+//! [`super::unsupported`], which makes the warning logged once at start.
 
 use config::{Map, Value, ValueKind};
 
@@ -63,115 +63,6 @@ impl Layer {
     }
 }
 
-/// Upstream variables that Sluice reads none of, with what it does instead.
-const UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "BACKEND_TYPE",
-        "Sluice keeps counters in Redis (REDIS_URL) or, without it, in memory",
-    ),
-    (
-        "MEMCACHE_HOST_PORT",
-        "no memcached backend; counters go to Redis or memory",
-    ),
-    (
-        "MEMCACHE_SRV",
-        "no memcached backend; counters go to Redis or memory",
-    ),
-    (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        "counters expire exactly at the end of their window",
-    ),
-    (
-        "REDIS_PIPELINE_WINDOW",
-        "each decision is one Redis script call; no client-side pipelining window",
-    ),
-    (
-        "REDIS_PIPELINE_LIMIT",
-        "each decision is one Redis script call; no client-side pipelining limit",
-    ),
-    (
-        "REDIS_PERSECOND_PIPELINE_WINDOW",
-        "each decision is one Redis script call",
-    ),
-    (
-        "REDIS_PERSECOND_PIPELINE_LIMIT",
-        "each decision is one Redis script call",
-    ),
-    (
-        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        "health follows the store's own connection state",
-    ),
-    (
-        "REDIS_SENTINEL_AUTH",
-        "the sentinels are reached with REDIS_AUTH's credentials",
-    ),
-    (
-        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        "set SLUICE_COUNTING=admitted to count only admitted hits",
-    ),
-    (
-        "LIMIT_LIMIT_HEADER",
-        "the header names are fixed (X-RateLimit-Limit)",
-    ),
-    (
-        "LIMIT_REMAINING_HEADER",
-        "the header names are fixed (X-RateLimit-Remaining)",
-    ),
-    (
-        "LIMIT_RESET_HEADER",
-        "the header names are fixed (X-RateLimit-Reset)",
-    ),
-    (
-        "USE_DOG_STATSD",
-        "no DogStatsD sink; use statsd or Prometheus",
-    ),
-    ("USE_DOG_STATSD_MOGRIFIERS", "no DogStatsD sink"),
-    ("EXTRA_TAGS", "stats carry no extra tags"),
-    (
-        "TRACING_SERVICE_NAMESPACE",
-        "traces carry service.name only",
-    ),
-    (
-        "TRACING_SERVICE_INSTANCE_ID",
-        "traces carry service.name only",
-    ),
-    (
-        "GRPC_SERVER_TLS_SAN",
-        "client certificates are checked against GRPC_SERVER_TLS_CA_CERT only",
-    ),
-    (
-        "MERGE_DOMAIN_CONFIG",
-        "two files with the same domain are an error",
-    ),
-    (
-        "REDIS_PERSECOND_TLS",
-        "the per-second Redis uses REDIS_TLS's setting",
-    ),
-    (
-        "REDIS_PERSECOND_AUTH",
-        "the per-second Redis uses REDIS_AUTH",
-    ),
-];
-
-/// The upstream variables that are set but that Sluice does not honour,
-/// one line each: `NAME is not supported: what Sluice does instead`.
-/// Variables upstream never reads (Kubernetes' service links, anything
-/// else) are not mentioned.
-pub fn unsupported(env: &Map<String, String>) -> Vec<String> {
-    let mut out: Vec<String> = UNSUPPORTED
-        .iter()
-        .filter(|(name, _)| env.get(*name).is_some_and(|v| !v.is_empty()))
-        .map(|(name, instead)| format!("{name} is not supported: {instead}"))
-        .collect();
-    if env
-        .get("BACKEND_TYPE")
-        .is_some_and(|v| v.eq_ignore_ascii_case("redis"))
-    {
-        out.retain(|line| !line.starts_with("BACKEND_TYPE "));
-    }
-    out
-}
-
 /// Parses a Go duration (`10s`, `1m30s`, `24h`, `250ms`, `0`) into
 /// milliseconds.
 pub fn go_duration_ms(text: &str) -> Result<u64, String> {
@@ -223,10 +114,16 @@ pub const LOCAL_CACHE_BYTES_PER_ENTRY: u64 = 128;
 
 struct Reader<'a> {
     env: &'a Map<String, String>,
+    /// Every variable looked at, set or not: what `layer` honours (tests
+    /// hold it against upstream's full list and the unsupported table).
+    #[cfg(test)]
+    read: std::cell::RefCell<std::collections::BTreeSet<String>>,
 }
 
 impl Reader<'_> {
     fn raw(&self, var: &str) -> Option<&str> {
+        #[cfg(test)]
+        self.read.borrow_mut().insert(var.to_owned());
         self.env
             .get(var)
             .map(|v| v.trim())
@@ -404,7 +301,14 @@ impl Reader<'_> {
 /// The values upstream's variables in `env` give the declared settings,
 /// with upstream's defaults for those it does not set.
 pub fn layer(env: &Map<String, String>) -> Result<Layer, UpstreamError> {
-    let r = Reader { env };
+    layer_from(&Reader {
+        env,
+        #[cfg(test)]
+        read: Default::default(),
+    })
+}
+
+fn layer_from(r: &Reader<'_>) -> Result<Layer, UpstreamError> {
     let mut out: Map<String, String> = Map::new();
     let mut set = |k: &str, v: String| {
         out.insert(k.to_string(), v);
@@ -1038,23 +942,178 @@ mod tests {
         assert_eq!(err.var, "USE_PROMETHEUS");
     }
 
+    /// Every variable envoyproxy/ratelimit reads, as its
+    /// `src/settings/settings.go` declares them at f2fb157 (2026-07-05),
+    /// plus `DESCRIPTOR_KEY_CONFIG` (an open pull request there).
+    const UPSTREAM_VARIABLES: &[&str] = &[
+        "BACKEND_TYPE",
+        "CACHE_KEY_PREFIX",
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        "CONFIG_GRPC_XDS_NODE_ID",
+        "CONFIG_GRPC_XDS_NODE_METADATA",
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        "CONFIG_GRPC_XDS_SERVER_URL",
+        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+        "CONFIG_TYPE",
+        "DEBUG_HOST",
+        "DEBUG_PORT",
+        "DESCRIPTOR_KEY_CONFIG",
+        "DISABLE_STATS",
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "EXTRA_TAGS",
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "GRPC_CLIENT_TLS_CACERT",
+        "GRPC_CLIENT_TLS_SAN",
+        "GRPC_HOST",
+        "GRPC_MAX_CONNECTION_AGE",
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "GRPC_PORT",
+        "GRPC_SERVER_TLS_CERT",
+        "GRPC_SERVER_TLS_KEY",
+        "GRPC_SERVER_USE_TLS",
+        "GRPC_UDS",
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "HOST",
+        "LIMIT_LIMIT_HEADER",
+        "LIMIT_REMAINING_HEADER",
+        "LIMIT_RESET_HEADER",
+        "LIMIT_RESPONSE_HEADERS_ENABLED",
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "LOG_FORMAT",
+        "LOG_LEVEL",
+        "MEMCACHE_HOST_PORT",
+        "MEMCACHE_MAX_IDLE_CONNS",
+        "MEMCACHE_SRV",
+        "MEMCACHE_SRV_REFRESH",
+        "MEMCACHE_TLS",
+        "MEMCACHE_TLS_CACERT",
+        "MEMCACHE_TLS_CLIENT_CERT",
+        "MEMCACHE_TLS_CLIENT_KEY",
+        "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "MERGE_DOMAIN_CONFIG",
+        "NEAR_LIMIT_RATIO",
+        "PORT",
+        "PROMETHEUS_ADDR",
+        "PROMETHEUS_MAPPER_YAML",
+        "PROMETHEUS_PATH",
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "QUOTA_MODE",
+        "REDIS_AUTH",
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "REDIS_PERSECOND",
+        "REDIS_PERSECOND_AUTH",
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        "REDIS_PERSECOND_POOL_SIZE",
+        "REDIS_PERSECOND_SENTINEL_AUTH",
+        "REDIS_PERSECOND_SOCKET_TYPE",
+        "REDIS_PERSECOND_TIMEOUT",
+        "REDIS_PERSECOND_TLS",
+        "REDIS_PERSECOND_TYPE",
+        "REDIS_PERSECOND_URL",
+        "REDIS_PIPELINE_LIMIT",
+        "REDIS_PIPELINE_WINDOW",
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        "REDIS_POOL_SIZE",
+        "REDIS_SENTINEL_AUTH",
+        "REDIS_SOCKET_TYPE",
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        "REDIS_STARTUP_MAX_INTERVAL",
+        "REDIS_TIMEOUT",
+        "REDIS_TLS",
+        "REDIS_TLS_CACERT",
+        "REDIS_TLS_CLIENT_CERT",
+        "REDIS_TLS_CLIENT_KEY",
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "REDIS_TYPE",
+        "REDIS_URL",
+        "RESPONSE_DYNAMIC_METADATA",
+        "RUNTIME_APPDIRECTORY",
+        "RUNTIME_IGNOREDOTFILES",
+        "RUNTIME_ROOT",
+        "RUNTIME_SUBDIRECTORY",
+        "RUNTIME_WATCH_ROOT",
+        "SHADOW_MODE",
+        "STATSD_HOST",
+        "STATSD_PORT",
+        "STATS_FLUSH_INTERVAL",
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "TRACING_ENABLED",
+        "TRACING_EXPORTER_PROTOCOL",
+        "TRACING_SAMPLING_RATE",
+        "TRACING_SERVICE_INSTANCE_ID",
+        "TRACING_SERVICE_NAME",
+        "TRACING_SERVICE_NAMESPACE",
+        "USE_DOG_STATSD",
+        "USE_DOG_STATSD_MOGRIFIERS",
+        "USE_PROMETHEUS",
+        "USE_STATSD",
+        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "XDS_CLIENT_BACKOFF_JITTER",
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+    ];
+
+    /// The variables `layer` looks at for `env`.
+    fn read_by_layer(pairs: &[(&str, &str)]) -> std::collections::BTreeSet<String> {
+        let env = env(pairs);
+        let reader = Reader {
+            env: &env,
+            read: Default::default(),
+        };
+        layer_from(&reader).expect("a valid environment");
+        reader.read.into_inner()
+    }
+
     #[test]
-    fn unsupported_upstream_variables_are_named_once_and_others_not() {
-        let e = env(&[
-            ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
-            ("BACKEND_TYPE", "redis"),
-            ("REDIS_PIPELINE_WINDOW", "150us"),
-            ("RATELIMIT_PORT", "tcp://10.0.0.1:8081"),
-            ("RATELIMIT_SERVICE_HOST", "10.0.0.1"),
-            ("KUBERNETES_SERVICE_HOST", "10.0.0.2"),
-            ("PATH", "/bin"),
-            ("PORT", "8080"),
-        ]);
-        let lines = unsupported(&e);
-        assert_eq!(lines.len(), 2, "{lines:?}");
-        assert!(lines[0].starts_with("EXPIRATION_JITTER_MAX_SECONDS is not supported: "));
-        assert!(lines[1].starts_with("REDIS_PIPELINE_WINDOW is not supported: "));
-        let memcache = unsupported(&env(&[("BACKEND_TYPE", "memcache")]));
-        assert_eq!(memcache.len(), 1);
+    fn every_upstream_variable_is_read_or_listed_as_unsupported_never_both() {
+        use super::super::unsupported::UNSUPPORTED;
+        // Environments that take every branch of `layer`: files or xDS,
+        // statsd or Prometheus, tracing, TLS, a per-second Redis.
+        let mut read = read_by_layer(&[]);
+        read.extend(read_by_layer(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "eg:18001"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "a:1"),
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("TRACING_ENABLED", "true"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/c"),
+            ("GRPC_SERVER_TLS_KEY", "/k"),
+            ("REDIS_AUTH", "u:p"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "r:1"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", "ps:1"),
+        ]));
+        let listed: Vec<&str> = UNSUPPORTED.iter().map(|u| u.name).collect();
+        for var in UPSTREAM_VARIABLES {
+            let (is_read, is_listed) = (read.contains(*var), listed.contains(var));
+            assert!(
+                is_read || is_listed,
+                "{var} is neither read by `layer` nor listed in settings/unsupported.rs"
+            );
+            assert!(
+                !(is_read && is_listed),
+                "{var} is read by `layer` and also listed as unsupported"
+            );
+        }
+        for var in &listed {
+            assert!(
+                UPSTREAM_VARIABLES.contains(var),
+                "{var} is listed as unsupported but is no upstream variable"
+            );
+        }
     }
 }
