@@ -1,10 +1,12 @@
 //! `sluice query`: one `ShouldRateLimit` call, printed for people. Works
-//! against any RLS v3 server, not only Sluice.
+//! against any RLS v3 server, not only Sluice, in the clear, over TLS or
+//! with mutual TLS (as Envoy Gateway serves its rate-limit port).
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::proto as pb;
 use crate::proto::rate_limit_descriptor::Entry;
@@ -56,6 +58,71 @@ pub struct QueryArgs {
     /// Give up after this long (e.g. 500ms, 5s)
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub timeout: u64,
+    /// TLS to the server.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS and mutual TLS to the server: on when any of these is given or the
+/// address is `https://…`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Speak TLS and trust this CA (PEM) for the server's certificate,
+    /// instead of the system's roots
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Speak TLS and show this client certificate (PEM) for mutual TLS
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Speak TLS and check the server's certificate for this name instead
+    /// of the address's host (for an address given as an IP)
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+}
+
+impl TlsArgs {
+    /// Whether any TLS option is given.
+    fn any(&self) -> bool {
+        self.tls_ca.is_some()
+            || self.tls_cert.is_some()
+            || self.tls_key.is_some()
+            || self.tls_server_name.is_some()
+    }
+
+    /// The client side of TLS these options describe; files are read and
+    /// checked here, so a bad one is named before any connection.
+    fn config(&self) -> Result<ClientTlsConfig, QueryError> {
+        let mut tls = ClientTlsConfig::new();
+        tls = match &self.tls_ca {
+            Some(ca) => {
+                let pem = read(ca)?;
+                crate::certs::certificates(&pem).map_err(|why| bad_file(ca, why))?;
+                tls.ca_certificate(Certificate::from_pem(pem))
+            }
+            None => tls.with_native_roots(),
+        };
+        if let Some(name) = &self.tls_server_name {
+            tls = tls.domain_name(name);
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+            crate::certs::certificates(&cert_pem).map_err(|why| bad_file(cert, why))?;
+            crate::certs::private_key(&key_pem).map_err(|why| bad_file(key, why))?;
+            tls = tls.identity(Identity::from_pem(cert_pem, key_pem));
+        }
+        Ok(tls)
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, QueryError> {
+    std::fs::read(path).map_err(|e| bad_file(path, e.to_string()))
+}
+
+fn bad_file(path: &Path, why: String) -> QueryError {
+    QueryError::TlsFile(path.display().to_string(), why)
 }
 
 /// Why a query got no answer.
@@ -64,12 +131,91 @@ pub enum QueryError {
     /// The address is not a valid URI.
     #[error("invalid address '{0}': {1}")]
     Address(String, String),
+    /// A TLS file cannot be read or holds no certificate or key.
+    #[error("{0}: {1}")]
+    TlsFile(String, String),
+    /// The TLS options cannot be used with this address.
+    #[error("{0}")]
+    Tls(String),
     /// No connection could be made.
     #[error("cannot connect to {0}")]
     Connect(String, #[source] tonic::transport::Error),
+    /// No connection could be made, said in one line: the whole chain of
+    /// causes, and what it most likely means where that helps.
+    #[error("cannot connect to {0}: {1}")]
+    Unreachable(String, String),
     /// The server answered with an error status.
     #[error("server answered {}: {}", .0.code(), .0.message())]
     Status(tonic::Status),
+    /// The call failed below gRPC (the connection broke).
+    #[error("no answer from {0}: {1}")]
+    Broken(String, String),
+}
+
+/// `error` and each of its causes, as one line (`a: b: c`), without the
+/// repetitions some layers add.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
+}
+
+/// The TLS error somewhere in `error`'s causes (rustls's own, which an
+/// `io::Error` may wrap: its `source` skips the error it wraps).
+fn tls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(tls) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// What a TLS failure means, in the terms of `sluice query`'s options.
+fn tls_hint(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rustls::{AlertDescription as Alert, CertificateError, Error};
+    let hint = match tls_error(error)? {
+        Error::InvalidCertificate(
+            CertificateError::UnknownIssuer | CertificateError::BadSignature,
+        ) => {
+            "the server's certificate is not signed by the CA trusted (--tls-ca, or the system's roots)"
+        }
+        Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => {
+            "the server's certificate does not name this host: give the name it carries with --tls-server-name"
+        }
+        Error::AlertReceived(Alert::CertificateRequired) => {
+            "the server requires a client certificate (mutual TLS): give --tls-cert and --tls-key"
+        }
+        Error::AlertReceived(
+            Alert::BadCertificate
+            | Alert::UnknownCA
+            | Alert::CertificateUnknown
+            | Alert::DecryptError,
+        ) => {
+            "the server refused the client certificate (--tls-cert): it must be signed by a CA the server trusts"
+        }
+        Error::InvalidMessage(_) => "the server does not seem to speak TLS on this port",
+        other => return Some(format!("TLS failed: {other}")),
+    };
+    Some(hint.to_owned())
 }
 
 impl QueryArgs {
@@ -101,32 +247,135 @@ impl QueryArgs {
 /// The endpoint of an RLS server given as `host:port` or `http://host:port`,
 /// with the URI it was made from (for errors). Shared with `sluice bench`.
 pub fn endpoint(addr: &str) -> Result<(String, Endpoint), QueryError> {
-    let uri = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
+    endpoint_with(addr, &TlsArgs::default())
+}
+
+/// As [`endpoint`], over TLS when `tls` asks for it or the address is
+/// `https://…`.
+pub fn endpoint_with(addr: &str, tls: &TlsArgs) -> Result<(String, Endpoint), QueryError> {
+    let secure = tls.any() || addr.starts_with("https://");
+    let uri = match addr.split_once("://") {
+        Some(("http", _)) if secure => {
+            return Err(QueryError::Tls(format!(
+                "{addr} is a plaintext address, but TLS options are given: write https://… or host:port"
+            )));
+        }
+        Some(_) => addr.to_owned(),
+        None if secure => format!("https://{addr}"),
+        None => format!("http://{addr}"),
     };
-    let endpoint = Endpoint::from_shared(uri.clone())
+    let mut endpoint = Endpoint::from_shared(uri.clone())
         .map_err(|e| QueryError::Address(addr.to_owned(), e.to_string()))?;
+    if secure {
+        endpoint = endpoint
+            .tls_config(tls.config()?)
+            .map_err(|e| QueryError::Tls(chain(&e)))?;
+    }
     Ok((uri, endpoint))
 }
 
 /// Sends the request and returns the server's answer.
 pub async fn query(args: &QueryArgs) -> Result<pb::RateLimitResponse, QueryError> {
     let timeout = Duration::from_millis(args.timeout);
-    let (uri, endpoint) = endpoint(&args.addr)?;
-    let channel = endpoint
+    let (uri, endpoint) = endpoint_with(&args.addr, &args.tls)?;
+    let connected = endpoint
         .connect_timeout(timeout)
         .timeout(timeout)
         .connect()
-        .await
-        .map_err(|e| QueryError::Connect(uri, e))?;
+        .await;
+    let channel = match connected {
+        Ok(channel) => channel,
+        Err(e) => {
+            let mut why = tls_hint(&e);
+            if why.is_none() && args.tls.any() {
+                why = tokio::time::timeout(timeout, probe(&uri, &args.tls))
+                    .await
+                    .ok()
+                    .flatten();
+            }
+            let why = why.unwrap_or_else(|| chain(&e));
+            return Err(QueryError::Unreachable(uri, why));
+        }
+    };
     let mut client = pb::RateLimitServiceClient::new(channel);
-    let response = client
-        .should_rate_limit(args.request())
+    match client.should_rate_limit(args.request()).await {
+        Ok(response) => Ok(response.into_inner()),
+        // Under TLS 1.3 a server refuses a client certificate (or its
+        // absence) after the handshake, with an alert the HTTP/2 client
+        // drops: the call only fails. Ask the server once more, by hand,
+        // to hear the alert and say what it means.
+        Err(status) if std::error::Error::source(&status).is_some() && args.tls.any() => {
+            let probe = tokio::time::timeout(timeout, probe(&uri, &args.tls)).await;
+            match probe.ok().flatten().or_else(|| tls_hint(&status)) {
+                Some(why) => Err(QueryError::Broken(uri, why)),
+                None => Err(QueryError::Status(status)),
+            }
+        }
+        Err(status) => Err(QueryError::Status(status)),
+    }
+}
+
+/// Opens a TLS connection to `uri` as `tls` says, sends the HTTP/2 preface
+/// and reads the server's first bytes: what its TLS refusal means, if it
+/// refused (an alert after the handshake), or `None`.
+async fn probe(uri: &str, tls: &TlsArgs) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let uri: http::Uri = uri.parse().ok()?;
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let name = tls.tls_server_name.as_deref().unwrap_or(host).to_owned();
+    let name = rustls_pki_types::ServerName::try_from(name).ok()?;
+    let config = probe_config(tls).ok()?;
+    let tcp = tokio::net::TcpStream::connect((host, uri.port_u16().unwrap_or(443)))
         .await
-        .map_err(QueryError::Status)?;
-    Ok(response.into_inner())
+        .ok()?;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let mut stream = match connector.connect(name, tcp).await {
+        Ok(stream) => stream,
+        Err(e) => return tls_hint(&e),
+    };
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .ok()?;
+    stream.flush().await.ok()?;
+    let mut first = [0u8; 64];
+    match stream.read(&mut first).await {
+        Err(e) => tls_hint(&e),
+        Ok(_) => None,
+    }
+}
+
+/// The rustls client configuration equivalent to the one `tls` gives
+/// tonic, for [`probe`].
+fn probe_config(tls: &TlsArgs) -> Result<rustls::ClientConfig, QueryError> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    match &tls.tls_ca {
+        Some(ca) => {
+            let certs = crate::certs::certificates(&read(ca)?).map_err(|why| bad_file(ca, why))?;
+            roots.add_parsable_certificates(certs);
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        }
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| QueryError::Tls(e.to_string()))?
+        .with_root_certificates(roots);
+    let mut config = match (&tls.tls_cert, &tls.tls_key) {
+        (Some(cert), Some(key)) => {
+            let certs =
+                crate::certs::certificates(&read(cert)?).map_err(|why| bad_file(cert, why))?;
+            let key = crate::certs::private_key(&read(key)?).map_err(|why| bad_file(key, why))?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| QueryError::Tls(e.to_string()))?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
 }
 
 fn code_name(code: i32) -> &'static str {

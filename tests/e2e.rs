@@ -516,6 +516,7 @@ async fn query_peek_reads_the_counters_without_charging_them() {
         hits: None,
         peek,
         timeout: 5_000,
+        tls: Default::default(),
     };
     for _ in 0..3 {
         let r = query(&args(true)).await.expect("answer");

@@ -557,3 +557,140 @@ async fn a_full_tls_listener_closes_new_connections_without_a_plaintext_refusal(
     assert_eq!(should_rate_limit(&open).await.unwrap(), OK);
     server.stop().await;
 }
+
+// ------------------------------------------------------- sluice query
+
+/// `sluice query --addr ADDR … ARGS` against the `tls` domain, run as the
+/// binary: its exit code, stdout and stderr.
+async fn sluice_query(addr: String, args: Vec<String>) -> (Option<i32>, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["query", "--addr", &addr, "--domain", "tls"])
+            .args(["--descriptor", "client=q", "--timeout", "10s"])
+            .args(&args)
+            .output()
+            .expect("run sluice query");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// Writes `pem` to `name` in `dir` and returns the path as an argument.
+fn pem_file(dir: &Path, name: &str, pem: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, pem).unwrap();
+    path.display().to_string()
+}
+
+/// Asserts that a query failed as a person should see it: exit code 2, one
+/// line on stderr saying `what`, no panic.
+fn failed_clearly(result: &(Option<i32>, String, String), what: &str) {
+    let (code, stdout, stderr) = result;
+    assert_eq!(*code, Some(2), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("sluice: "), "{stderr}");
+    assert!(stderr.contains(what), "expected {what:?} in {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_query_speaks_tls_with_the_right_ca_and_refuses_another() {
+    let ca = Ca::new("test-ca");
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(plain_files(dir.path(), &ca.leaf()), options()).await;
+    let ca_file = pem_file(dir.path(), "ca.pem", &ca.pem());
+    let port = server.grpc.port();
+
+    // By IP, with the name the certificate carries.
+    let (code, stdout, stderr) = sluice_query(
+        server.grpc.to_string(),
+        vec![
+            "--tls-ca".into(),
+            ca_file.clone(),
+            "--tls-server-name".into(),
+            "localhost".into(),
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.starts_with("OK"), "{stdout}");
+    assert!(stdout.contains("limit 100 per minute"), "{stdout}");
+    // By the name itself, as an https:// address.
+    let by_name = sluice_query(
+        format!("https://localhost:{port}"),
+        vec!["--tls-ca".into(), ca_file.clone()],
+    )
+    .await;
+    assert_eq!(by_name.0, Some(0), "{by_name:?}");
+
+    // An IP the certificate does not name.
+    let wrong_name = sluice_query(server.grpc.to_string(), vec!["--tls-ca".into(), ca_file]).await;
+    failed_clearly(&wrong_name, "does not name this host");
+    // A CA that did not sign the server's certificate.
+    let stranger = pem_file(dir.path(), "other-ca.pem", &Ca::new("other").pem());
+    let wrong_ca = sluice_query(
+        server.grpc.to_string(),
+        vec![
+            "--tls-ca".into(),
+            stranger,
+            "--tls-server-name".into(),
+            "localhost".into(),
+        ],
+    )
+    .await;
+    failed_clearly(&wrong_ca, "not signed by the CA trusted");
+    // A file that holds no certificate is named before connecting.
+    let garbage = pem_file(dir.path(), "garbage.pem", "not a PEM file");
+    let bad_file = sluice_query(
+        server.grpc.to_string(),
+        vec!["--tls-ca".into(), garbage.clone()],
+    )
+    .await;
+    failed_clearly(&bad_file, &format!("{garbage}: no certificate"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_query_speaks_mutual_tls_with_a_client_certificate_and_says_when_one_is_missing() {
+    let ca = Ca::new("envoy-gateway");
+    let (server, volume) = mutual(&ca).await;
+    let dir = volume.dir.path();
+    let ca_file = pem_file(dir, "query-ca.pem", &ca.pem());
+    let client = ca.rsa_leaf_for("*.envoy-gateway-system", true);
+    let cert = pem_file(dir, "client.crt", &client.cert_pem);
+    let key = pem_file(dir, "client.key", &client.key_pem);
+    let base = || {
+        vec![
+            "--tls-ca".to_string(),
+            ca_file.clone(),
+            "--tls-server-name".into(),
+            "localhost".into(),
+        ]
+    };
+
+    let mut with_cert = base();
+    with_cert.extend(["--tls-cert".into(), cert, "--tls-key".into(), key]);
+    let (code, stdout, stderr) = sluice_query(server.grpc.to_string(), with_cert).await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.starts_with("OK"), "{stdout}");
+
+    let without = sluice_query(server.grpc.to_string(), base()).await;
+    failed_clearly(&without, "requires a client certificate");
+
+    let stranger = Ca::new("someone-else").leaf();
+    let mut wrong_cert = base();
+    wrong_cert.extend([
+        "--tls-cert".into(),
+        pem_file(dir, "stranger.crt", &stranger.cert_pem),
+        "--tls-key".into(),
+        pem_file(dir, "stranger.key", &stranger.key_pem),
+    ]);
+    let refused = sluice_query(server.grpc.to_string(), wrong_cert).await;
+    failed_clearly(&refused, "refused the client certificate");
+    server.stop().await;
+}
