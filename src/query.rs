@@ -2,7 +2,6 @@
 //! against any RLS v3 server, not only Sluice, in the clear, over TLS or
 //! with mutual TLS (as Envoy Gateway serves its rate-limit port).
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -10,8 +9,10 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::proto as pb;
 use crate::proto::rate_limit_descriptor::Entry;
-use crate::proto::rate_limit_response::{Code, rate_limit::Unit};
 use crate::rules::parse_duration;
+
+mod render;
+pub use render::{render, window_text};
 
 /// One descriptor given as `k=v[,k=v…]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -376,102 +377,6 @@ fn probe_config(tls: &TlsArgs) -> Result<rustls::ClientConfig, QueryError> {
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
-}
-
-fn code_name(code: i32) -> &'static str {
-    Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name())
-}
-
-/// The decision as readable text.
-pub fn render(args: &QueryArgs, response: &pb::RateLimitResponse) -> String {
-    let mut out = format!(
-        "{}  (domain {})\n",
-        code_name(response.overall_code),
-        args.domain
-    );
-    for (i, status) in response.statuses.iter().enumerate() {
-        let entries = args
-            .descriptors
-            .get(i)
-            .map(|d| {
-                d.0.iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_default();
-        let _ = write!(out, "  [{i}] {entries}  {}", code_name(status.code));
-        match &status.current_limit {
-            Some(limit) => {
-                match Unit::try_from(limit.unit) {
-                    Ok(unit) if unit != Unit::Unknown => {
-                        let unit = unit.as_str_name().to_lowercase();
-                        let _ = write!(out, "  limit {} per {unit}", limit.requests_per_unit);
-                    }
-                    _ => {
-                        let _ = write!(out, "  limit {} per window", limit.requests_per_unit);
-                    }
-                }
-                if !limit.name.is_empty() {
-                    let _ = write!(out, " ({})", limit.name);
-                }
-                let _ = write!(out, "  remaining {}", status.limit_remaining);
-            }
-            None if status.limit_remaining == u32::MAX => out.push_str("  unlimited"),
-            None => out.push_str("  no limit applies"),
-        }
-        if let Some(reset) = &status.duration_until_reset {
-            let secs = reset.seconds as f64 + f64::from(reset.nanos) / 1e9;
-            let _ = write!(out, "  resets in {secs:.3}s");
-        }
-        out.push('\n');
-    }
-    if let Some(why) = refused(response) {
-        let _ = writeln!(out, "  {why}");
-    }
-    for header in &response.response_headers_to_add {
-        let _ = writeln!(out, "  header {}: {}", header.key, header.value);
-    }
-    out
-}
-
-/// Sluice's explanation of a refusal (`dynamic_metadata.refused`) as one
-/// line, when the server gave one.
-fn refused(response: &pb::RateLimitResponse) -> Option<String> {
-    use prost_types::value::Kind;
-    let Some(Kind::StructValue(refused)) = response
-        .dynamic_metadata
-        .as_ref()?
-        .fields
-        .get("refused")?
-        .kind
-        .as_ref()
-    else {
-        return None;
-    };
-    let field = |name: &str| match refused.fields.get(name).and_then(|v| v.kind.as_ref()) {
-        Some(Kind::StringValue(s)) => s.clone(),
-        Some(Kind::NumberValue(n)) => format!("{n}"),
-        _ => "?".to_owned(),
-    };
-    Some(if field("reason") == "store_error" {
-        format!(
-            "refused: the counter store failed and the server denies ([{}] {})",
-            field("index"),
-            field("descriptor")
-        )
-    } else {
-        format!(
-            "refused by {} ({} per {}, {}) on [{}] {}; retry in {} s",
-            field("limit"),
-            field("requests_per_unit"),
-            field("window"),
-            field("algorithm"),
-            field("index"),
-            field("descriptor"),
-            field("retry_after_seconds")
-        )
-    })
 }
 
 #[cfg(test)]

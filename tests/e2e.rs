@@ -594,3 +594,95 @@ async fn app_run_serves_what_the_settings_describe_until_shutdown() {
         .expect("no panic")
         .expect("no error");
 }
+
+/// `sluice query` against the binary, as a person runs it: exit code and
+/// stdout.
+fn run_query(addr: &str, domain: &str, descriptors: &[&str]) -> (Option<i32>, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.args(["query", "--addr", addr, "--domain", domain]);
+    for d in descriptors {
+        command.args(["--descriptor", d]);
+    }
+    let out = command.output().expect("run query");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn query_prints_a_five_minute_window_as_the_server_gives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("five.yaml");
+    std::fs::write(
+        &rules,
+        "domain: five\ndescriptors:\n  - key: client\n    rate_limit: {unit: 5m, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let rules = rules.display().to_string();
+    // With rate-limit headers the window is in every answer.
+    let (server, addr) = start_binary(&["--rules", &rules, "--response-headers", "draft03"]);
+    let (code, text) = run_query(&addr, "five", &["client=a"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("OK  limit 2 per 5m  remaining 1"), "{text}");
+    drop(server);
+    // Without them, only a refusal says it; an admitted answer says that
+    // it does not.
+    let (server, addr) = start_binary(&["--rules", &rules]);
+    let (_, text) = run_query(&addr, "five", &["client=a"]);
+    assert!(
+        text.contains("limit 2 per window (a length the answer does not give)  remaining 1"),
+        "{text}"
+    );
+    run_query(&addr, "five", &["client=a"]);
+    let (code, text) = run_query(&addr, "five", &["client=a"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("OVER_LIMIT  limit 2 per 5m  remaining 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("refused by five/client (2 per 5m, sliding_window)"),
+        "{text}"
+    );
+    drop(server);
+}
+
+#[test]
+fn query_under_on_store_error_deny_says_the_store_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("five.yaml");
+    std::fs::write(
+        &rules,
+        "domain: five\ndescriptors:\n  - key: client\n    rate_limit: {unit: 5m, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    // A Redis nobody listens on.
+    let dead = format!("redis://127.0.0.1:{}", support::redis::free_port());
+    let (server, addr) = start_binary(&[
+        "--rules",
+        &rules.display().to_string(),
+        "--redis-url",
+        &dead,
+        "--on-store-error",
+        "deny",
+    ]);
+    let (code, text) = run_query(&addr, "five", &["client=a", "other=b"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(!text.contains("no limit applies"), "{text}");
+    assert!(
+        text.contains("[0] client=a  OVER_LIMIT  not counted: the counter store failed\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("[1] other=b  OK  no limit reported\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "refused: the counter store failed and the server denies (on_store_error: deny)"
+        ),
+        "{text}"
+    );
+    drop(server);
+}
