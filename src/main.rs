@@ -30,9 +30,27 @@ fn main() -> ExitCode {
         Command::Bench(args) => Err(anyhow::anyhow!(args.error())),
     };
     result.unwrap_or_else(|e| {
-        eprintln!("sluice: {e:#}");
+        eprintln!("sluice: {}", one_line(&e));
         ExitCode::from(2)
     })
+}
+
+/// `error` and its causes as one line, `a: b: c`, leaving out a cause whose
+/// text is already there: many errors print their source in their own
+/// message and also return it as `source()`, which `{:#}` would repeat.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

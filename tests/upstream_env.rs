@@ -221,6 +221,23 @@ fn a_bad_setting_stops_the_start_with_one_line_naming_its_variable_and_value() {
         stderr,
         format!("sluice: invalid max_entries = \"many\" in {path}: expected a whole number\n")
     );
+    // An error found later, with its cause, is still said once.
+    let (code, stderr) = fails_to_start(
+        dir.path(),
+        "sluice",
+        &serve,
+        &[
+            ("SLUICE_GRPC_ADDR", "127.0.0.1:0"),
+            ("SLUICE_HTTP_ADDR", "127.0.0.1:0"),
+            ("SLUICE_GRPC_TLS_CERT", "/nonexistent/tls.crt"),
+            ("SLUICE_GRPC_TLS_KEY", "/nonexistent/tls.key"),
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("sluice: "), "{stderr}");
+    assert_eq!(last.matches("/nonexistent/tls.crt").count(), 1, "{stderr}");
+    assert_eq!(last.matches("No such file").count(), 1, "{stderr}");
     // A flag: clap's own message names it and the value, once.
     let (code, stderr) =
         fails_to_start(dir.path(), "sluice", &["serve", "--grpc-addr", "abc"], &[]);

@@ -256,6 +256,17 @@ impl Settings {
                 "the share of traces to export goes from 0 (none) to 1 (all)".into(),
             ));
         }
+        if let Some(metadata) = &self.xds_node_metadata
+            && !matches!(
+                serde_json::from_str(metadata),
+                Ok(serde_json::Value::Object(_))
+            )
+        {
+            return Err(invalid(
+                "xds_node_metadata",
+                "expected a JSON object, e.g. {\"zone\": \"a\"}".into(),
+            ));
+        }
         if self.otlp_protocol == OtlpProtocol::Http
             && self
                 .otlp_endpoint

@@ -774,6 +774,10 @@ mod tests {
             "invalid SLUICE_TRACE_SAMPLING_RATIO=\"2\": the share of traces to export goes \
              from 0 (none) to 1 (all)"
         );
+        assert_eq!(
+            bad(&[("SLUICE_XDS_NODE_METADATA", "zone:a")]),
+            "invalid SLUICE_XDS_NODE_METADATA=\"zone:a\": expected a JSON object, e.g. {\"zone\": \"a\"}"
+        );
         // The settings file: its key, the value and the file.
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("sluice.toml");
