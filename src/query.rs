@@ -42,7 +42,7 @@ impl std::str::FromStr for DescriptorArg {
 /// `sluice query`.
 #[derive(Debug, clap::Args)]
 pub struct QueryArgs {
-    /// Address of the RLS server (host:port or http://host:port)
+    /// Address of the RLS server (host:port, http://host:port, or https://host:port for TLS)
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub addr: String,
     /// Rate-limit domain

@@ -77,9 +77,29 @@ fn upstream_text(d: &Declared) -> String {
         .join(" and ")
 }
 
-/// A doc line in a Markdown table cell or paragraph.
+/// Plain text as Markdown that shows it as written: no emphasis from an
+/// underscore at a word's edge (`_other_`) or an asterisk, no HTML, and no
+/// table cell ended by a `|`. Underscores inside words (`failure_mode_deny`)
+/// stay as they are, readable in the source.
 fn escape(text: &str) -> String {
-    text.replace('|', "\\|")
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    for (i, &c) in chars.iter().enumerate() {
+        let word = |j: Option<usize>| {
+            j.and_then(|j| chars.get(j))
+                .is_some_and(|c| c.is_alphanumeric())
+        };
+        match c {
+            '_' if !(word(i.checked_sub(1)) && word(Some(i + 1))) => out.push_str("\\_"),
+            '*' | '|' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '<' => out.push_str("&lt;"),
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 /// The whole page.
@@ -126,7 +146,7 @@ pub fn render() -> String {
              | settings-file key | `{name}` |\n\
              | envoyproxy/ratelimit | {upstream} |\n",
             name = d.name,
-            doc = d.doc,
+            doc = escape(d.doc),
             ty = escape(&type_text(d)),
             default = escape(&default_text(d)),
             flag = d.flag(),
@@ -196,6 +216,15 @@ mod tests {
         for u in UNSUPPORTED {
             assert!(page.contains(&format!("| `{}` | ", u.name)), "{}", u.name);
         }
+    }
+
+    #[test]
+    fn text_is_shown_as_written() {
+        assert_eq!(escape("count as _other_"), "count as \\_other\\_");
+        assert_eq!(
+            escape("failure_mode_deny a|b <x> *"),
+            "failure_mode_deny a\\|b &lt;x> \\*"
+        );
     }
 
     #[test]
