@@ -1,7 +1,8 @@
 //! TLS and mutual TLS on the gRPC listener, as Envoy Gateway deploys it,
 //! with the certificates and hand-made rustls clients of `support::certs`
 //! (a test sees which certificate the server showed and how many
-//! connections a channel opened).
+//! connections a channel opened); and `sluice query` speaking TLS and mutual
+//! TLS to it, with a clear error for a wrong CA or a missing certificate.
 
 mod support;
 
