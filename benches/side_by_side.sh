@@ -18,7 +18,7 @@
 # Usage: benches/side_by_side.sh [memory|redis] [ROUNDS]
 #   SLUICE     the sluice binary       (default target/release/sluice)
 #   LIMITADOR  the limitador-server binary, built by
-#              ../shared/tools/build-limitador.sh (default /tmp/limitador/target/release/limitador-server);
+#              benches/build-limitador.sh (default /tmp/limitador/target/release/limitador-server);
 #              when missing, Limitador's rows are left out
 #   REQUESTS   requests per round      (default 200000)
 #   CLIENTS    connections x streams   (default "8 16": h2load -c 8 -m 16)

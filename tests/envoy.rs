@@ -1,8 +1,9 @@
 //! Sluice behind a real Envoy 1.40 (`SLUICE_TEST_ENVOY`, set by `tests/run`):
 //! the example front proxy `deploy/envoy/envoy.yaml` with the example rules,
-//! and each configuration the README's "Through Envoy, tested" section
-//! shows (read from README.md, so the documentation is what runs): usage
-//! charged when the stream ends, refunds, and concurrency slots.
+//! and every Envoy snippet of the documentation (read from README.md and
+//! the manual's pages, docs/src/, so the documentation is what runs): the
+//! README's filter, and the manual's recipes for usage charged when the
+//! stream ends, refunds, concurrency slots and the refusal access log.
 //!
 //! Sluice runs in process on a manual clock, so windows only move when a
 //! test moves them; Envoy's calls made when a stream ends are
@@ -37,7 +38,7 @@ fn repo() -> &'static Path {
 }
 
 // ---------------------------------------------------------------------------
-// YAML and the README's snippets
+// YAML and the documentation's snippets
 // ---------------------------------------------------------------------------
 
 fn to_json(yaml: &Yaml) -> Value {
@@ -68,15 +69,43 @@ fn yaml_to_json(text: &str) -> Value {
     to_json(&docs[0])
 }
 
+/// README.md and the manual's pages (docs/src/*.md), with their paths.
+fn doc_pages() -> Vec<(String, String)> {
+    let mut paths = vec![repo().join("README.md")];
+    let mut manual: Vec<_> = std::fs::read_dir(repo().join("docs/src"))
+        .expect("read docs/src")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    manual.sort();
+    paths.extend(manual);
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("read a page");
+            (p.strip_prefix(repo()).unwrap().display().to_string(), text)
+        })
+        .collect()
+}
+
 /// The text of the ```yaml block right after `<!-- envoy-test: NAME -->`
-/// in README.md.
+/// in README.md or a page of the manual (each name on one page only).
 fn readme_snippet(name: &str) -> String {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
     let marker = format!("<!-- envoy-test: {name} -->");
-    let at = readme
-        .find(&marker)
-        .unwrap_or_else(|| panic!("README.md has no snippet {name}"));
-    let rest = &readme[at + marker.len()..];
+    let pages: Vec<(String, String)> = doc_pages()
+        .into_iter()
+        .filter(|(_, text)| text.contains(&marker))
+        .collect();
+    assert_eq!(
+        pages.len(),
+        1,
+        "the snippet {name} is on one page, not on {:?}",
+        pages.iter().map(|p| &p.0).collect::<Vec<_>>()
+    );
+    let text = &pages[0].1;
+    assert_eq!(text.matches(&marker).count(), 1, "{name} named twice");
+    let at = text.find(&marker).unwrap();
+    let rest = &text[at + marker.len()..];
     let start = rest
         .find("```yaml\n")
         .expect("a yaml block after the marker")
@@ -395,7 +424,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.unwrap()
 }
 
-/// The README snippet `NAME/filters` as a list of HTTP filters.
+/// The documentation's snippet `NAME/filters` as a list of HTTP filters.
 fn snippet_filters(name: &str) -> Value {
     let filters = yaml_to_json(&readme_snippet(&format!("{name}/filters")));
     assert!(filters.is_array(), "{name}/filters is a list of filters");
@@ -408,7 +437,7 @@ fn snippet_filters(name: &str) -> Value {
 
 /// deploy/envoy/envoy.yaml with its addresses moved to free loopback ports,
 /// Sluice's and the application's given, an access log naming the refusing
-/// limit (the README's snippet), and the rate-limit filter patient and
+/// limit (the manual's snippet), and the rate-limit filter patient and
 /// failing closed.
 fn example_front_proxy(sluice: SocketAddr, app: SocketAddr) -> (Value, SocketAddr, SocketAddr) {
     let text = std::fs::read_to_string(repo().join("deploy/envoy/envoy.yaml")).unwrap();
@@ -500,7 +529,7 @@ async fn the_example_configs_limits_hold_through_envoy() {
         let key = [("x-api-key", "k1")];
         let r = get_from(front, 4, "/", &key);
         assert_eq!(r.status, 200, "{r:?}");
-        // Envoy's own headers cannot name the 2 s window (README says so).
+        // Envoy's own headers cannot name the 2 s window (the manual says so).
         let limit = r.header("x-ratelimit-limit").unwrap();
         assert!(
             !limit.contains("w=2;") && !limit.contains("min-gap"),
@@ -641,8 +670,51 @@ async fn the_example_configs_limits_hold_through_envoy() {
     sluice.server.stop().await;
 }
 
+/// The smallest filter, as the README and the manual's Envoy page show it
+/// (one `remote_address` descriptor, domain `example`): the example rules'
+/// 10 per minute per client address hold through Envoy.
+async fn the_smallest_filter_limits_each_address(filters: Value) {
+    let rules = std::fs::read_to_string(repo().join("examples/rules.yaml")).unwrap();
+    let sluice = Sluice::start(&rules, ServeExtras::default()).await;
+    let app = App::start();
+    let (config, front, admin) = bootstrap(filters, None, sluice.addr(), app.addr);
+    let envoy = Envoy::start(&config, front, admin);
+    blocking(move || {
+        for i in 0..10 {
+            let r = get_from(front, 2, "/", &[]);
+            assert_eq!(r.status, 200, "request {i}: {r:?}");
+        }
+        let r = get_from(front, 2, "/", &[]);
+        assert_eq!(r.status, 429, "the 11th in a minute: {r:?}");
+        // Another address has its own budget.
+        assert_eq!(get_from(front, 3, "/", &[]).status, 200);
+        drop(envoy);
+    })
+    .await;
+    let answered = sluice.answered();
+    assert_eq!(
+        (
+            answered.get("OK").copied(),
+            answered.get("OVER_LIMIT").copied()
+        ),
+        (Some(11), Some(1)),
+        "one decision per request: {answered:?}"
+    );
+    sluice.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_filter_limits_each_client_address_through_envoy() {
+    the_smallest_filter_limits_each_address(snippet_filters("quickstart")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manuals_smallest_filter_limits_each_client_address_through_envoy() {
+    the_smallest_filter_limits_each_address(snippet_filters("manual")).await;
+}
+
 // ---------------------------------------------------------------------------
-// Usage, refunds, concurrency (README snippets)
+// Usage, refunds, concurrency (the manual's snippets)
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -795,23 +867,31 @@ async fn concurrency_slots_are_taken_released_and_leased() {
 }
 
 #[test]
-fn every_envoy_snippet_of_the_readme_is_run_by_a_test() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+fn every_envoy_snippet_of_the_docs_is_run_by_a_test() {
     let this = std::fs::read_to_string(repo().join("tests/envoy.rs")).unwrap();
     let mut names = Vec::new();
-    for piece in readme.split("<!-- envoy-test: ").skip(1) {
-        let name = piece.split(" -->").next().unwrap();
-        names.push(name.to_owned());
-        let used = format!("readme_snippet(\"{name}\")");
-        let group = name.split('/').next().unwrap();
-        assert!(
-            this.contains(&used)
-                || (name.ends_with("/filters")
-                    && this.contains(&format!("snippet_filters(\"{group}\")"))),
-            "README snippet {name} is not run by tests/envoy.rs"
-        );
+    for (page, text) in doc_pages() {
+        // A marker is a line of its own (a page may name the convention
+        // inline).
+        let markers = text.lines().filter_map(|l| {
+            l.trim()
+                .strip_prefix("<!-- envoy-test: ")
+                .and_then(|l| l.strip_suffix(" -->"))
+        });
+        for name in markers {
+            names.push(name.to_owned());
+            let used = format!("readme_snippet(\"{name}\")");
+            let group = name.split('/').next().unwrap();
+            assert!(
+                this.contains(&used)
+                    || (name.ends_with("/filters")
+                        && this.contains(&format!("snippet_filters(\"{group}\")"))),
+                "{page}: the snippet {name} is not run by tests/envoy.rs"
+            );
+        }
     }
-    assert!(names.len() >= 7, "{names:?}");
+    assert!(names.len() >= 9, "{names:?}");
+    assert!(names.iter().any(|n| n == "quickstart/filters"), "{names:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

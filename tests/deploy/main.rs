@@ -24,21 +24,24 @@
 //! of Sluice to see a request limited.
 //!
 //! The Dockerfile is checked for its ports, user, entrypoint and command
-//! against the binary, and for the paths it copies. The README is checked
-//! for the facts an operator copies from it: every setting, every metric,
-//! every overlay, and a two-command quick start.
+//! against the binary, and for the paths it copies. The README and the
+//! manual (docs/src/) are checked for the facts an operator copies from
+//! them: every setting, every metric, every overlay, a two-command quick
+//! start; and every code block of theirs is run by a test or marked
+//! (`docs`).
 //!
 //! One module per concept: `render` (kustomize, or the overlays assembled
 //! from their files), `workload` (the container as Sluice reads it, and the
 //! named checks), `manifests` (tests on the files), `overlays` (rendered
 //! overlays), `pod` (the binary run with each pod spec: probes, health,
-//! shutdown), `envoy` (Envoy and Istio), `dockerfile` and `readme`. This
+//! shutdown), `envoy` (Envoy and Istio), `dockerfile`, `readme` and `docs`. This
 //! file holds what they share: file and YAML helpers and constants.
 
 #[path = "../support/mod.rs"]
 mod support;
 
 mod dockerfile;
+mod docs;
 mod envoy;
 mod envoy_gateway;
 mod manifests;

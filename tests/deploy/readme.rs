@@ -1,4 +1,5 @@
-//! Documentation: the facts an operator copies from the READMEs.
+//! Documentation: the facts an operator copies from the README and the
+//! manual (docs/src/).
 
 use super::*;
 
@@ -6,16 +7,39 @@ pub(crate) fn readme() -> String {
     read(&repo().join("README.md"))
 }
 
+/// A page of the manual, by its path under docs/src/.
+fn page(name: &str) -> String {
+    read(&repo().join("docs/src").join(name))
+}
+
+/// Every page of the manual, one after the other.
+fn manual() -> String {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(repo().join("docs/src"))
+        .expect("read docs/src")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    names.sort();
+    names.iter().map(|p| read(p)).collect::<Vec<_>>().join("\n")
+}
+
+/// The settings reference (generated from the declaration) names every
+/// setting with its variable and its flag, whatever the layout of its
+/// tables.
 #[test]
-fn the_readme_documents_every_setting_with_its_env_and_flag() {
-    let readme = readme();
+fn the_settings_reference_documents_every_setting_with_its_env_and_flag() {
+    let reference = page("settings.md");
     for key in setting_names() {
-        let row = format!(
-            "`{key}` / `SLUICE_{}` / `--{}`",
-            key.to_uppercase(),
-            key.replace('_', "-")
-        );
-        assert!(readme.contains(&row), "README.md does not document {row}");
+        for name in [
+            format!("`{key}`"),
+            format!("`SLUICE_{}`", key.to_uppercase()),
+            format!("`--{}`", key.replace('_', "-")),
+        ] {
+            assert!(
+                reference.contains(&name),
+                "docs/src/settings.md does not name {name}"
+            );
+        }
     }
 }
 
@@ -34,9 +58,11 @@ pub(crate) fn registered_metrics() -> Vec<String> {
         .collect()
 }
 
+/// The manual's tables of metrics (Operations, and any other page with a
+/// row for a `sluice_` series) name every registered metric, and only those.
 #[test]
-fn the_readme_lists_every_metric_and_no_other() {
-    let readme = readme();
+fn the_manual_lists_every_metric_and_no_other() {
+    let manual = manual();
     let registered = registered_metrics();
     assert!(registered.len() >= 10, "found only {registered:?}");
     // prometheus-client exposes counters with a `_total` suffix.
@@ -45,28 +71,31 @@ fn the_readme_lists_every_metric_and_no_other() {
         assert!(
             exposed(name)
                 .iter()
-                .any(|n| readme.contains(&format!("| `{n}` |"))),
-            "README.md's metrics table lacks {name}"
+                .any(|n| manual.contains(&format!("| `{n}` |"))),
+            "no table of docs/src/ lists {name}"
         );
     }
-    for line in readme.lines().filter(|l| l.starts_with("| `sluice_")) {
+    for line in manual.lines().filter(|l| l.starts_with("| `sluice_")) {
         let cell = line.split('`').nth(1).unwrap();
         assert!(
             registered
                 .iter()
                 .any(|name| exposed(name).iter().any(|n| n == cell)),
-            "README.md lists {cell}, which src/telemetry/metrics.rs does not define"
+            "docs/src/ lists {cell}, which src/telemetry/metrics.rs does not define"
         );
     }
 }
 
 #[test]
-fn the_readme_and_deploy_readme_name_every_overlay() {
-    let readme = readme();
+fn getting_started_and_deploy_readme_name_every_overlay() {
+    let guide = page("getting-started.md");
     let deploy_readme = read(&deploy("README.md"));
     for overlay in overlay_names() {
         let cell = format!("| `{overlay}` |");
-        assert!(readme.contains(&cell), "README.md: no row for {overlay}");
+        assert!(
+            guide.contains(&cell),
+            "docs/src/getting-started.md: no row for {overlay}"
+        );
         assert!(
             deploy_readme.contains(&cell),
             "deploy/README.md: no row for {overlay}"
