@@ -1,7 +1,7 @@
 //! What the in-memory store's counters cost in resident memory, against what
 //! the store accounts for them (`MemoryStore::bytes`, the unit of
 //! `memory_max_bytes`). The measurements behind BENCHMARKS.md's "Memory of the
-//! in-memory store" and the README's figures.
+//! in-memory store" and the manual's figures (docs/src/redis.md).
 //!
 //! ```sh
 //! cargo run --release --example memory_cost -- SCENARIO [COUNTERS]

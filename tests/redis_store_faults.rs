@@ -356,7 +356,7 @@ async fn a_200_call_burst_with_the_default_timeout_admits_exactly_the_limit() {
     let store = open(&redis.url(), &prefix, timeout).await;
     let (admitted, over, errors) = burst(&store, 200, &["burst"]).await;
     // Measured on the project's 2-core machine in a debug build: 10 ms
-    // failed up to 191 of 200, 20 ms up to 23, 30 ms none (see README).
+    // failed up to 191 of 200, 20 ms up to 23, 30 ms none (see docs/src/redis.md).
     assert_eq!((admitted, over), (5, 195), "{errors:?}");
     expect_counter(&store, "burst", 5).await;
 }

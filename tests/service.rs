@@ -729,7 +729,7 @@ async fn an_overlong_domain_is_invalid_argument() {
     assert!(err.message().contains("domain"), "{}", err.message());
 }
 
-/// The README's "at most 10 per minute and at least 2 seconds between
+/// The manual's (docs/src/algorithms.md) "at most 10 per minute and at least 2 seconds between
 /// requests" rules, word for word.
 const MINIMUM_GAP: &str = r#"
 domain: gap
