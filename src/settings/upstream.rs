@@ -610,27 +610,6 @@ fn layer_from(r: &Reader<'_>) -> Result<Layer, UpstreamError> {
     Ok(Layer(out))
 }
 
-static DEFERRED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-/// Keeps `lines` to be logged by [`log_deferred`] once logging is set up.
-pub fn defer_warnings(lines: Vec<String>) {
-    if let Ok(mut deferred) = DEFERRED.lock() {
-        *deferred = lines;
-    }
-}
-
-/// Logs (warn) the unsupported upstream variables found when the settings
-/// were loaded, once: later calls log nothing.
-pub fn log_deferred() {
-    let lines = DEFERRED
-        .lock()
-        .map(|mut d| std::mem::take(&mut *d))
-        .unwrap_or_default();
-    for line in lines {
-        tracing::warn!("{line}");
-    }
-}
-
 /// Upstream's variables from the process environment (those that are
 /// valid UTF-8).
 pub fn process_env() -> Map<String, String> {
