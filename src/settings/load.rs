@@ -117,10 +117,21 @@ pub fn accepted_values(name: &str) -> Vec<String> {
     }
 }
 
+/// Settings as loaded, with what the caller should log once logging is set
+/// up (loading comes first, so it cannot log itself).
+#[derive(Debug)]
+pub struct Loaded {
+    /// The settings.
+    pub settings: Settings,
+    /// One line per envoyproxy/ratelimit variable that is set but not
+    /// honoured, saying what Sluice does instead (see [`unsupported`]).
+    pub warnings: Vec<String>,
+}
+
 impl Settings {
     /// Reads the settings from `file` (if any), the process environment and
     /// `flags`.
-    pub fn load(file: Option<&Path>, flags: &SettingsFlags) -> Result<Self, SettingsError> {
+    pub fn load(file: Option<&Path>, flags: &SettingsFlags) -> Result<Loaded, SettingsError> {
         Self::load_from(file, flags, None)
     }
 
@@ -130,15 +141,16 @@ impl Settings {
         file: Option<&Path>,
         flags: &SettingsFlags,
         env: Option<config::Map<String, String>>,
-    ) -> Result<Self, SettingsError> {
+    ) -> Result<Loaded, SettingsError> {
         let mut builder = config::Config::builder();
         let mut layer = None;
+        let mut warnings = Vec::new();
         if flags.settings_from == Some(upstream::SettingsFrom::EnvoyRatelimit) {
             let vars = env.clone().unwrap_or_else(upstream::process_env);
             let upstream = upstream::layer(&vars)?;
             builder = builder.add_source(upstream.clone());
             layer = Some(upstream);
-            upstream::defer_warnings(unsupported::warnings(&vars));
+            warnings = unsupported::warnings(&vars);
         }
         let file_keys = match file {
             Some(file) => {
@@ -202,7 +214,7 @@ impl Settings {
             settings.redis_password = None;
         }
         settings.check(&sources)?;
-        Ok(settings)
+        Ok(Loaded { settings, warnings })
     }
 
     /// What a value of the right type can still get wrong, alone or with

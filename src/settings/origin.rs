@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use config::Map;
 
-use super::{DECLARED, SettingsFlags, upstream};
+use super::{SettingsFlags, upstream};
 
 /// The sources a [`super::Settings`] was loaded from, by precedence.
 pub(super) struct Sources {
@@ -86,10 +86,7 @@ impl Sources {
             ));
         }
         if let Some(value) = self.upstream.as_ref().and_then(|l| l.get(setting)) {
-            let vars = DECLARED
-                .iter()
-                .find(|d| d.name == setting)
-                .map_or("", |d| d.upstream);
+            let vars = upstream::feeding(setting).join(", ");
             return Origin(if vars.is_empty() {
                 format!("{setting} = {value:?} (envoyproxy/ratelimit's default as `ratelimit`)")
             } else {

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 
 use super::unsupported::UNSUPPORTED;
-use super::{DECLARED, Declared, accepted_values};
+use super::{DECLARED, Declared, accepted_values, upstream};
 
 /// Where the page lives, from the repository's root.
 pub const PATH: &str = "docs/src/settings.md";
@@ -67,14 +67,19 @@ fn default_text(d: &Declared) -> String {
 
 /// The upstream variable(s) feeding the setting, as the page shows them.
 fn upstream_text(d: &Declared) -> String {
-    if d.upstream.is_empty() {
+    let vars = upstream::feeding(d.name);
+    let Some((last, rest)) = vars.split_last() else {
         return "—".to_owned();
+    };
+    let quoted = |v: &&str| format!("`{v}`");
+    match rest {
+        [] => quoted(last),
+        _ => format!(
+            "{} and {}",
+            rest.iter().map(quoted).collect::<Vec<_>>().join(", "),
+            quoted(last)
+        ),
     }
-    d.upstream
-        .split(':')
-        .map(|v| format!("`{v}`"))
-        .collect::<Vec<_>>()
-        .join(" and ")
 }
 
 /// Plain text as Markdown that shows it as written: no emphasis from an
@@ -106,8 +111,9 @@ fn escape(text: &str) -> String {
 pub fn render() -> String {
     let mut out = String::new();
     out.push_str(
-        "<!-- Generated from the settings declaration (src/settings/mod.rs) and the table of\n     \
-         unsupported upstream variables (src/settings/unsupported.rs): do not edit by hand.\n     \
+        "<!-- Generated from the settings declaration (src/settings/mod.rs), the upstream\n     \
+         variables (src/settings/upstream/) and the table of unsupported upstream\n     \
+         variables (src/settings/unsupported.rs): do not edit by hand.\n     \
          Refresh: SLUICE_BLESS=1 cargo test --lib settings_reference -->\n\n",
     );
     out.push_str("# Settings reference\n\n");
