@@ -3,6 +3,7 @@
 //! variables, then command-line flags — each later source wins.
 
 use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -138,6 +139,13 @@ impl Declared {
     }
 }
 
+/// `n` as a setting that must be positive (its default).
+fn nonzero<T: TryFrom<NonZeroU64>>(n: u64) -> T {
+    NonZeroU64::new(n)
+        .and_then(|n| T::try_from(n).ok())
+        .expect("a positive default that fits its type")
+}
+
 fn flag_help(doc: &str, name: &str) -> String {
     let default = DECLARED
         .iter()
@@ -177,9 +185,9 @@ settings! {
     "Redis password (AUTH, or the password of the user named in the URL); replaces any password in the URL. Prefer SLUICE_REDIS_PASSWORD: a flag shows in the process list"
     redis_password: Option<Secret> = None, flag String, "PASSWORD";
     "Redis connections per node, used round-robin; each carries many calls at once"
-    redis_pool_size: usize = 1, flag usize, "N";
+    redis_pool_size: NonZeroUsize = nonzero(1), flag usize, "N";
     "Longest wait for Redis per decision, in milliseconds; past it the request fails UNAVAILABLE (what it counted after all is refunded)"
-    redis_timeout_ms: u64 = 40, flag u64, "MS";
+    redis_timeout_ms: NonZeroU64 = nonzero(40), flag u64, "MS";
     "Requests of one counter that arrive while a Redis call for it is in flight share the next call (decided in turn, exactly as separate calls would): far less work per request on a hot counter"
     redis_coalesce: bool = true, flag bool, "BOOL";
     "Prefix of every Redis key"
@@ -193,7 +201,7 @@ settings! {
     "What to answer when the counter store fails: unavailable (gRPC UNAVAILABLE, Envoy's failure_mode_deny decides), allow, or deny"
     on_store_error: crate::decision::StoreErrorPolicy = crate::decision::StoreErrorPolicy::Unavailable, flag crate::decision::StoreErrorPolicy, "POLICY";
     "Consecutive store failures after which the store is not called for a while (circuit breaker)"
-    breaker_failures: u32 = 5, flag u32, "N";
+    breaker_failures: NonZeroU32 = nonzero(5), flag u32, "N";
     "... and only once they have lasted this long, in milliseconds, so one short stall failing every request in flight does not open it"
     breaker_min_failing_ms: u64 = 500, flag u64, "MS";
     "How long the open circuit breaker refuses store calls, in milliseconds"
@@ -213,23 +221,23 @@ settings! {
     "Counters known to be full are answered locally until they can take a hit again, without calling Redis; this many at most, 0 turns it off"
     local_cache_size: usize = 100_000, flag usize, "N";
     "Most gRPC connections open at once; beyond it a new connection gets an HTTP/2 GOAWAY (REFUSED_STREAM) and is closed"
-    grpc_max_connections: u32 = 10_000, flag u32, "N";
+    grpc_max_connections: NonZeroU32 = nonzero(10_000), flag u32, "N";
     "Most admin HTTP connections open at once; beyond it a new connection gets a 503 and is closed"
-    http_max_connections: u32 = 1_024, flag u32, "N";
+    http_max_connections: NonZeroU32 = nonzero(1_024), flag u32, "N";
     "A new connection on either port that has not sent its handshake (the HTTP/2 preface, an HTTP request head) within this is closed, in milliseconds"
-    handshake_timeout_ms: u64 = 10_000, flag u64, "MS";
+    handshake_timeout_ms: NonZeroU64 = nonzero(10_000), flag u64, "MS";
     "A connection on either port with no request in flight for this long is closed, in milliseconds"
-    idle_timeout_ms: u64 = 300_000, flag u64, "MS";
+    idle_timeout_ms: NonZeroU64 = nonzero(300_000), flag u64, "MS";
     "After this long (±10%) a gRPC connection gets a GOAWAY, so clients reconnect and spread over new replicas, in milliseconds; 0 never"
     max_connection_age_ms: u64 = 1_800_000, flag u64, "MS";
     "Then, how long its requests in flight may take before it is closed, in milliseconds"
     max_connection_age_grace_ms: u64 = 30_000, flag u64, "MS";
     "Most streams open at once on one gRPC connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)"
-    grpc_max_concurrent_streams: u32 = 100, flag u32, "N";
+    grpc_max_concurrent_streams: NonZeroU32 = nonzero(100), flag u32, "N";
     "Largest gRPC request message in bytes; larger ones are refused RESOURCE_EXHAUSTED"
-    grpc_max_request_bytes: usize = 64 << 10, flag usize, "BYTES";
+    grpc_max_request_bytes: NonZeroUsize = nonzero(64 << 10), flag usize, "BYTES";
     "How long a request on either port may take to arrive and be answered; past it gRPC answers DEADLINE_EXCEEDED and HTTP 408, in milliseconds"
-    request_timeout_ms: u64 = 5_000, flag u64, "MS";
+    request_timeout_ms: NonZeroU64 = nonzero(5_000), flag u64, "MS";
     "Which debits a limit counts unless its rule says: admitted (only hits of admitted requests) or always (every hit, upstream's behaviour)"
     counting: Counting = Counting::Admitted, flag Counting, "MODE";
     "Decide and count as usual but always answer OK (over-limit decisions only show in metrics and logs)"
@@ -287,7 +295,7 @@ settings! {
     "Send statsd lines over UDP instead of TCP (gostats' default)"
     statsd_udp: bool = false, flag bool, "BOOL";
     "How often stats are flushed to statsd, in milliseconds"
-    stats_flush_interval_ms: u64 = 10_000, flag u64, "MS";
+    stats_flush_interval_ms: NonZeroU64 = nonzero(10_000), flag u64, "MS";
     "Address of the debug listener (/rlconfig); none serves none. It has the admin port's handshake and idle timeouts and at most 64 connections"
     debug_addr: Option<SocketAddr> = None, flag SocketAddr, "ADDR";
     "Client certificate (PEM) for Redis over TLS; needs redis_tls_key"
@@ -474,6 +482,88 @@ mod tests {
             err.starts_with("settings file: ") && err.contains("missing.toml"),
             "{err}"
         );
+    }
+
+    /// Every setting that must be positive (typed `NonZero…`).
+    const POSITIVE: &[&str] = &[
+        "redis_pool_size",
+        "redis_timeout_ms",
+        "breaker_failures",
+        "grpc_max_connections",
+        "http_max_connections",
+        "handshake_timeout_ms",
+        "idle_timeout_ms",
+        "grpc_max_concurrent_streams",
+        "grpc_max_request_bytes",
+        "request_timeout_ms",
+        "stats_flush_interval_ms",
+    ];
+
+    #[test]
+    fn a_zero_where_it_must_be_positive_is_an_error_naming_the_setting() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            flags: SettingsFlags,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for name in POSITIVE {
+            let var = format!("SLUICE_{}", name.to_ascii_uppercase());
+            let err = load(None, &SettingsFlags::default(), env(&[(&var, "0")])).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("invalid {var}=\"0\": expected a whole number, 1 or more")
+            );
+            let flag = format!("--{}", name.replace('_', "-"));
+            let cli = Cli::parse_from(["x", &flag, "0"]);
+            let err = load(None, &cli.flags, env(&[])).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("invalid {flag} \"0\": expected a whole number, 1 or more")
+            );
+            let file = dir.path().join("sluice.toml");
+            std::fs::write(&file, format!("{name} = 0\n")).unwrap();
+            let err = load(Some(&file), &SettingsFlags::default(), env(&[])).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "invalid {name} = \"0\" in {}: expected a whole number, 1 or more",
+                    file.display()
+                )
+            );
+            for (value, why) in [
+                ("-1", "expected a whole number, 1 or more"),
+                ("soon", "expected a whole number"),
+            ] {
+                let err = load(None, &SettingsFlags::default(), env(&[(&var, value)]));
+                assert_eq!(
+                    err.unwrap_err().to_string(),
+                    format!("invalid {var}={value:?}: {why}")
+                );
+            }
+            let one = load(None, &SettingsFlags::default(), env(&[(&var, "1")]));
+            assert!(one.is_ok(), "{name}: {one:?}");
+        }
+    }
+
+    #[test]
+    fn a_zero_from_upstreams_variables_is_an_error_naming_the_variable() {
+        let flags = SettingsFlags {
+            settings_from: Some(upstream::SettingsFrom::EnvoyRatelimit),
+            ..Default::default()
+        };
+        for (var, value, setting) in [
+            ("REDIS_POOL_SIZE", "0", "redis_pool_size"),
+            ("REDIS_TIMEOUT", "0s", "redis_timeout_ms"),
+            ("STATS_FLUSH_INTERVAL", "0", "stats_flush_interval_ms"),
+        ] {
+            let err = load(None, &flags, env(&[(var, value)])).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("invalid {setting} = \"0\" from {var}: expected a whole number, 1 or more")
+            );
+        }
     }
 }
 
