@@ -1,6 +1,14 @@
 //! The service's settings: one typed struct, filled from defaults, then a
 //! settings file (`--config`, TOML or YAML), then `SLUICE_…` environment
 //! variables, then command-line flags — each later source wins.
+//!
+//! Here, the declaration (`settings!`: every setting once); `load.rs` merges
+//! the sources, `check.rs` refuses what parses but is wrong, `origin.rs`
+//! names where a bad value came from; `upstream/` reads envoyproxy/ratelimit's
+//! variables as one more source, `unsupported.rs` lists those it does not
+//! honour, `reference.rs` renders the docs page. Settings are data: they
+//! import only value types, and `app/build.rs` turns them into the runtime
+//! objects (store, listeners, limiter, telemetry, xDS client).
 
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
