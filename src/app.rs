@@ -210,7 +210,7 @@ async fn serve<S: CounterStore>(
     started(&limiter);
     let mut options = build::serve_options(settings);
     if let Some(limit) = open_files_limit() {
-        fit_connections(&mut options, limit, settings.redis_pool_size);
+        fit_connections(&mut options, limit, settings.redis_pool_size.get());
     }
     server::run_with(
         limiter.clone(),
