@@ -45,6 +45,7 @@ mod docs;
 mod envoy;
 mod envoy_gateway;
 mod manifests;
+mod observability;
 mod overlays;
 mod pod;
 mod readme;
