@@ -2,14 +2,22 @@
 //! (syntax and their unit tests), the PrometheusRule of the monitoring
 //! component carries exactly alerts.yaml, the dashboard picks its data
 //! source from a variable, and a real Prometheus (Debian's `prometheus`,
-//! which `tests/run` installs) scraping a Sluice under load, on the memory
-//! store and on Redis, returns data for every expression of the dashboard
-//! and of the alerts.
+//! which `tests/run` installs) scraping a Sluice under load (decisions on
+//! `/json`, and one RLQS stream as Envoy holds it), on the memory store and
+//! on Redis, returns data for every expression of the dashboard and of the
+//! alerts.
 
 use super::*;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
 /// How long Prometheus may take to start and to have scraped enough for
 /// every expression (scrapes are 1 s apart; a rate needs two).
@@ -330,6 +338,56 @@ impl Drop for Load {
     }
 }
 
+/// One RLQS client, as Envoy is: a stream kept open, whose first report
+/// of a bucket got an assignment.
+struct RlqsClient {
+    _reports: tokio::sync::mpsc::Sender<RateLimitQuotaUsageReports>,
+    _actions: tonic::Streaming<RateLimitQuotaResponse>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl RlqsClient {
+    fn start(grpc: &str) -> Self {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let uri = format!("http://{grpc}");
+        let (reports, actions) = runtime.block_on(async {
+            let mut client = RateLimitQuotaServiceClient::connect(uri)
+                .await
+                .expect("connect");
+            let (reports, rx) = tokio::sync::mpsc::channel(4);
+            let report = RateLimitQuotaUsageReports {
+                domain: "obs".into(),
+                bucket_quota_usages: vec![BucketQuotaUsage {
+                    bucket_id: Some(BucketId {
+                        bucket: [("client".to_owned(), "rlqs".to_owned())].into(),
+                    }),
+                    time_elapsed: Some(PbDuration::default()),
+                    num_requests_allowed: 1,
+                    num_requests_denied: 0,
+                }],
+            };
+            reports.send(report).await.unwrap();
+            let mut actions = client
+                .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .expect("stream accepted")
+                .into_inner();
+            let first = tokio::time::timeout(PATIENCE, actions.message()).await;
+            let first = first.expect("an answer").expect("a healthy stream");
+            assert!(first.is_some(), "the stream ended unanswered");
+            (reports, actions)
+        });
+        Self {
+            _reports: reports,
+            _actions: actions,
+            _runtime: runtime,
+        }
+    }
+}
+
 /// Every alert's expression with each comparison made a `bool` one: the
 /// same series, 0 or 1 instead of filtered, so it has data whenever the
 /// series it reads do (whether the alert would fire is promtool's test).
@@ -358,8 +416,9 @@ fn every_expression_returns_data(args: &[&str], empty_by_design: &[&str]) {
     std::fs::write(&rules, LOAD_RULES).unwrap();
     let mut all = vec!["--rules", rules.to_str().unwrap()];
     all.extend_from_slice(args);
-    let (_sluice, _, http_addr) = support::start_binary_with_http(&all);
+    let (_sluice, grpc, http_addr) = support::start_binary_with_http(&all);
     let _load = Load::start(http_addr);
+    let _rlqs = RlqsClient::start(&grpc);
     let prometheus = Prometheus::start(http_addr);
 
     let mut queries = dashboard_queries();
@@ -388,6 +447,17 @@ fn every_expression_returns_data(args: &[&str], empty_by_design: &[&str]) {
     assert!(!over.is_empty(), "no over-limit hits recorded");
     let limit = prometheus.query(r#"sluice_limit{domain="obs",limit="per-client",window="1s"}"#);
     assert_eq!(limit[0]["value"][1], "5", "{limit:?}");
+    // The RLQS series come from a real stream, not only their zeros.
+    for expr in [
+        r#"sluice_rlqs_assignments_total{kind="token_bucket"} > 0"#,
+        "sluice_rlqs_streams_opened_total > 0",
+    ] {
+        let deadline = Instant::now() + PATIENCE;
+        while prometheus.query(expr).is_empty() {
+            assert!(Instant::now() < deadline, "no data for {expr}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
     // Prometheus loaded and evaluated every alert rule.
     let (status, head, body) = support::http_exchange(prometheus.addr, "GET", "/api/v1/rules", "");
     assert_eq!(status, 200, "{body}");
