@@ -116,6 +116,13 @@ impl Default for RlqsMetrics {
             "The global budget of a bucket in requests per second (absent: allow-all)",
             metrics.budget.clone(),
         );
+        // At zero from the start, so a panel or an alert on their rate has
+        // data before the first assignment.
+        for kind in ["token_bucket", "allow_all", "deny_all"] {
+            metrics.assignments.get_or_create_owned(&KindLabels {
+                kind: kind.to_owned(),
+            });
+        }
         Self {
             registry,
             ..metrics

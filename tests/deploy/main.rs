@@ -46,6 +46,7 @@ mod envoy;
 mod envoy_gateway;
 mod image;
 mod manifests;
+mod observability;
 mod overlays;
 mod pod;
 mod readme;
