@@ -557,7 +557,8 @@ async fn app_run_serves_what_the_settings_describe_until_shutdown() {
         &sluice::settings::SettingsFlags::default(),
         Some(env),
     )
-    .expect("settings");
+    .expect("settings")
+    .settings;
     let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let listeners = sluice::server::Listeners::bind(loopback, loopback)
         .await

@@ -368,7 +368,7 @@ async fn on_a_cluster_a_slot_group_that_times_out_is_refunded_with_the_others() 
 async fn a_200_call_burst_with_the_default_timeout_admits_exactly_the_limit() {
     let redis = RedisServer::start();
     let prefix = support::unique_prefix();
-    let timeout = Duration::from_millis(Settings::default().redis_timeout_ms);
+    let timeout = Duration::from_millis(Settings::default().redis_timeout_ms.get());
     let store = open(&redis.url(), &prefix, timeout).await;
     let (admitted, over, errors) = burst(&store, 200, &["burst"]).await;
     // Measured on the project's 2-core machine in a debug build: 10 ms

@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::alloc::Budget;
-use super::state::{Assignment, BucketKey};
+use super::types::{Assignment, BucketKey};
 
 /// Most buckets with their own demand and budget series.
 pub const MAX_BUCKET_SERIES: usize = 1_000;

@@ -44,6 +44,7 @@ mod dockerfile;
 mod docs;
 mod envoy;
 mod envoy_gateway;
+mod image;
 mod manifests;
 mod observability;
 mod overlays;
