@@ -2,13 +2,13 @@
 //! (not only the first) with its file, line and rule path; a file with any
 //! error yields no domain, so a bad file can never be half loaded.
 
-use crate::telemetry::upstream::{sanitize, stats_key};
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::duration::{parse_duration, parse_unit};
+use super::stats_key::{sanitize, stats_key};
 use super::wildcard::Pattern;
 use super::yaml::{self, Kind, Node as Yaml};
 use super::{Annotations, ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
