@@ -11,8 +11,7 @@ mod compile;
 mod duration;
 mod stats_key;
 mod wildcard;
-pub mod xds;
-mod yaml;
+pub mod yaml;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -20,7 +19,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use compile::{
-    DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, MAX_PATH_BYTES, load_paths, parse_domain,
+    DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, MAX_PATH_BYTES, compile_trees, load_paths,
+    parse_domain,
 };
 pub use duration::{parse_duration, parse_unit};
 pub use stats_key::{detailed_stats_key, sanitize, stats_key};
