@@ -130,6 +130,9 @@ pub async fn run(
             let count_refund_failures = |limiter: &Arc<Limiter<RedisStore>>| {
                 let failures = limiter.metrics().store_refund_failures();
                 limiter.store().count_refund_failures_in(failures);
+                limiter
+                    .store()
+                    .count_reconciliations_in(limiter.metrics().reconcile_counters());
             };
             let limiter = serve(
                 store,
@@ -148,6 +151,7 @@ pub async fn run(
             started("memory");
             let sweeper_stop = shutdown.clone();
             let sweeper = move |limiter: &Arc<Limiter<MemoryStore>>| {
+                limiter.store().show_in(limiter.metrics().memory_store());
                 tokio::spawn(sweep(limiter.clone(), sweeper_stop));
             };
             serve(
@@ -210,7 +214,7 @@ async fn serve<S: CounterStore>(
     started(&limiter);
     let mut options = build::serve_options(settings);
     if let Some(limit) = open_files_limit() {
-        fit_connections(&mut options, limit, settings.redis_pool_size);
+        fit_connections(&mut options, limit, settings.redis_pool_size.get());
     }
     server::run_with(
         limiter.clone(),

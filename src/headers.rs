@@ -123,7 +123,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::rules::Unit;
+    use crate::limiter::Unit;
 
     fn limited(
         requests: u64,

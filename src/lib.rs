@@ -7,7 +7,10 @@
 //!   on bound listeners until shutdown; `main.rs` only adds the command
 //!   line, telemetry and signals;
 //! - [`server`] binds the gRPC and admin HTTP listeners and runs them,
-//!   bounding connections, streams, message sizes and request time;
+//!   bounding connections, streams, message sizes and request time; its
+//!   `admin` serves the admin HTTP routes (`/json`, `/rlconfig`,
+//!   `/healthcheck`, `/counters`, metrics) and its `health` is readiness,
+//!   the one answer of `/readyz`, `/healthcheck` and gRPC health;
 //! - [`service`] is the only place protobuf meets the domain: it converts a
 //!   `RateLimitRequest` into a [`request::Request`] and a
 //!   [`decision::Decision`] back into a `RateLimitResponse`;
@@ -27,8 +30,6 @@
 //! - [`xds`] takes the rules from an xDS management server instead
 //!   (`RateLimitConfig`, ACK/NACK), through the same compiler and the same
 //!   reload sink as files;
-//! - [`admin`] serves the admin HTTP routes (`/json`, `/rlconfig`,
-//!   `/healthcheck`, `/counters`, metrics);
 //! - [`certs`] reads PEM certificates and keys for every TLS endpoint and
 //!   holds the verifier that checks a chain but not a name;
 //! - [`settings`] (one declaration per setting, and envoyproxy/ratelimit's
@@ -41,7 +42,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod admin;
 pub mod app;
 #[cfg(feature = "bench")]
 pub mod bench;

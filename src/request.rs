@@ -1,7 +1,7 @@
 //! A rate-limit request in the crate's own terms, independent of protobuf:
 //! `service.rs` converts the wire message into these, moving the strings.
 
-use crate::rules::Unit;
+use crate::limiter::Unit;
 
 /// One `ShouldRateLimit` call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,10 +1,11 @@
-//! The listeners: gRPC (RLS, `grpc.health.v1`, reflection) and admin HTTP.
+//! The listeners: gRPC (RLS, `grpc.health.v1`, reflection) and admin HTTP
+//! (`admin`, its routes).
 //! `run` serves both until `shutdown` is cancelled; callers bind the sockets
 //! (tests bind `127.0.0.1:0`). Each listener owns its accept loop
 //! (`conn`), which bounds connections; `grpc` and `http` serve one
 //! connection of each kind, and `tls` loads and reloads the gRPC port's
-//! certificates. gRPC health and `/readyz` give the same answer,
-//! [`readiness`].
+//! certificates. gRPC health, `/readyz` and `/healthcheck` give the same
+//! answer, [`health::readiness`].
 
 use std::io;
 use std::net::SocketAddr;
@@ -18,9 +19,10 @@ use crate::decision::Limiter;
 use crate::headers::HeaderMode;
 use crate::store::CounterStore;
 
+pub mod admin;
 mod conn;
 mod grpc;
-mod health;
+pub mod health;
 mod http;
 mod rls;
 mod streams;
@@ -170,21 +172,6 @@ impl ServeOptions {
     }
 }
 
-/// Whether the service should take traffic; if not, why. The one answer
-/// behind both `/readyz` and gRPC health (`health.rs`).
-pub fn readiness<S: CounterStore>(
-    limiter: &Limiter<S>,
-    shutdown: &CancellationToken,
-) -> Result<(), &'static str> {
-    if shutdown.is_cancelled() {
-        Err("shutting down")
-    } else if !limiter.store().is_ready() {
-        Err("counter store unreachable")
-    } else {
-        Ok(())
-    }
-}
-
 /// Serves until `shutdown` is cancelled; then turns health and readiness
 /// false, keeps serving for `options.shutdown_delay`, stops accepting, and
 /// lets in-flight requests finish for at most `options.shutdown_grace`.
@@ -278,7 +265,7 @@ pub async fn run_with<S: CounterStore>(
             grpc::AnyGrpcConnection::new(acceptor, &options.grpc, io, requests)
         },
     );
-    let admin_options = crate::admin::AdminOptions {
+    let admin_options = admin::AdminOptions {
         response: options.response(extras),
         counters: extras.admin_counters,
         healthy_with_config_loaded: options.healthy_with_config_loaded,
@@ -295,15 +282,15 @@ pub async fn run_with<S: CounterStore>(
                 max_connections: DEBUG_MAX_CONNECTIONS,
                 ..options.http_connections
             };
-            let router = crate::admin::debug_router(limiter.clone(), shutdown.clone());
+            let router = admin::debug_router(limiter.clone(), shutdown.clone());
             Some(serve_http(
                 socket, "debug", limits, router, &options, metrics, &closing,
             ))
         }
         None => None,
     };
-    let router = crate::admin::router_with(limiter.clone(), admin_options, shutdown.clone())
-        .merge(rlqs_admin);
+    let router =
+        admin::router_with(limiter.clone(), admin_options, shutdown.clone()).merge(rlqs_admin);
     let admin = serve_http(
         listeners.http,
         "http",

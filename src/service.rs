@@ -10,12 +10,12 @@ use tracing::Instrument as _;
 
 use crate::decision::{DecideError, Decision, Limiter, outcome_code};
 use crate::headers::{HeaderMode, headers};
+use crate::limiter::Unit;
 use crate::proto as pb;
 use crate::proto::rate_limit_response::{
     Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit,
 };
 use crate::request::{Descriptor, Entry, Override, Request};
-use crate::rules::Unit;
 use crate::store::CounterStore;
 use crate::telemetry::traces;
 use crate::telemetry::upstream::CallError;

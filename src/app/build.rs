@@ -4,6 +4,7 @@
 //! xDS client's). `settings` stays data; this is where it meets the rest of
 //! the crate.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,7 +71,7 @@ pub fn upstream_stats(s: &Settings) -> Option<UpstreamStatsConfig> {
         upstream_prometheus_addr: s.upstream_prometheus_addr,
         upstream_prometheus_path: s.upstream_prometheus_path.clone(),
         prometheus_mapper: s.prometheus_mapper.clone(),
-        stats_flush_interval_ms: s.stats_flush_interval_ms.max(1),
+        stats_flush_interval_ms: s.stats_flush_interval_ms.get(),
         // Six series per stats key, as many keys as Sluice's own
         // metrics label.
         max_names: s.metrics_max_descriptors.saturating_mul(6).max(1_000),
@@ -102,8 +103,8 @@ pub fn redis(s: &Settings) -> Option<RedisStoreConfig> {
             client: s.redis_tls_cert.clone().zip(s.redis_tls_key.clone()),
             skip_hostname_verification: s.redis_tls_skip_hostname_verification,
         },
-        pool_size: s.redis_pool_size,
-        timeout: Duration::from_millis(s.redis_timeout_ms.max(1)),
+        pool_size: s.redis_pool_size.get(),
+        timeout: Duration::from_millis(s.redis_timeout_ms.get()),
         key_prefix: s.redis_key_prefix.clone(),
         time: s.time_source,
         breaker: Some(breaker(s)),
@@ -122,11 +123,10 @@ pub fn memory_store(s: &Settings) -> MemoryStoreConfig {
 
 /// How the listeners behave.
 pub fn serve_options(s: &Settings) -> ServeOptions {
-    let connections = |max_connections: u32| ConnLimits {
-        // A listener that takes no connection at all serves nothing.
-        max_connections: max_connections.max(1),
-        handshake_timeout: Duration::from_millis(s.handshake_timeout_ms.max(1)),
-        idle_timeout: Duration::from_millis(s.idle_timeout_ms.max(1)),
+    let connections = |max_connections: NonZeroU32| ConnLimits {
+        max_connections: max_connections.get(),
+        handshake_timeout: Duration::from_millis(s.handshake_timeout_ms.get()),
+        idle_timeout: Duration::from_millis(s.idle_timeout_ms.get()),
         max_age: None,
         max_age_grace: Duration::from_millis(s.max_connection_age_grace_ms),
     };
@@ -135,9 +135,9 @@ pub fn serve_options(s: &Settings) -> ServeOptions {
         shutdown_delay: Duration::from_millis(s.shutdown_delay_ms),
         shutdown_grace: Duration::from_millis(s.shutdown_grace_ms),
         grpc: GrpcLimits {
-            max_concurrent_streams: s.grpc_max_concurrent_streams.max(1),
-            max_request_bytes: s.grpc_max_request_bytes.max(1),
-            request_timeout: Duration::from_millis(s.request_timeout_ms.max(1)),
+            max_concurrent_streams: s.grpc_max_concurrent_streams.get(),
+            max_request_bytes: s.grpc_max_request_bytes.get(),
+            request_timeout: Duration::from_millis(s.request_timeout_ms.get()),
         },
         grpc_connections: ConnLimits {
             max_age: (s.max_connection_age_ms > 0)
@@ -176,7 +176,7 @@ pub fn limiter_options(s: &Settings) -> LimiterOptions {
 /// The circuit breaker's settings.
 pub fn breaker(s: &Settings) -> BreakerConfig {
     BreakerConfig {
-        failures: s.breaker_failures.max(1),
+        failures: s.breaker_failures.get(),
         min_failing: Duration::from_millis(s.breaker_min_failing_ms),
         cooldown: Duration::from_millis(s.breaker_cooldown_ms),
     }
@@ -467,8 +467,8 @@ mod tests {
         assert_eq!(s.grpc_addr, SocketAddr::from(([127, 0, 0, 1], 2000)));
         assert_eq!(s.debug_addr, Some(SocketAddr::from(([0, 0, 0, 0], 6070))));
         assert_eq!(s.counting, Counting::Always);
-        assert_eq!(s.redis_timeout_ms, 90_000);
-        assert_eq!(s.redis_pool_size, 1);
+        assert_eq!(s.redis_timeout_ms.get(), 90_000);
+        assert_eq!(s.redis_pool_size.get(), 1);
         assert_eq!(s.log_level, "info");
         assert!(s.shadow_mode);
         assert_eq!(s.statsd_addr, None);

@@ -4,9 +4,10 @@
 
 use std::collections::HashSet;
 
+use crate::limiter::Unit;
 use crate::limiter::{Algorithm, Counting, Identity, IdentityBuilder, LimitSpec, Role, Window};
 use crate::request::{Descriptor, Request};
-use crate::rules::{DEFAULT_BUCKETS, Domain, Limit, Rule, Unit};
+use crate::rules::{DEFAULT_BUCKETS, Domain, Limit, Rule};
 use crate::store::{Batch, BatchItem};
 
 use super::DecideError;

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use crate::limiter::Role;
-use crate::rules::{Annotations, Unit};
+use crate::limiter::Unit;
+use crate::rules::Annotations;
 use crate::store::LimitOutcome;
 
 use super::plan::{Limited, PlannedLimit};

@@ -7,10 +7,12 @@
 pub mod algorithm;
 pub mod clock;
 pub mod key;
+pub mod unit;
 
 pub use algorithm::{Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use key::{CounterKey, Identity, IdentityBuilder};
+pub use unit::Unit;
 
 /// Milliseconds since the Unix epoch: the one time unit of every algorithm.
 pub type Millis = u64;

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use super::duration::{parse_duration, parse_unit};
 use super::wildcard::Pattern;
 use super::yaml::{self, Kind, Node as Yaml};
-use super::{Annotations, ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet, Unit};
+use super::{Annotations, ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
 use crate::limiter::algorithm::{MAX_BUCKET_TICKS, MAX_LOG_ENTRIES};
-use crate::limiter::{Algorithm, Counting, LimitSpec, Role, Window};
+use crate::limiter::{Algorithm, Counting, LimitSpec, Role, Unit, Window};
 
 /// Buckets per window when `precision` is not given: the largest divisor of the
 /// window up to 10. Ten buckets keep the interpolated bucket (the only source of

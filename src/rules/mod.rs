@@ -21,10 +21,10 @@ use std::sync::Arc;
 pub use compile::{
     DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, MAX_PATH_BYTES, load_paths, parse_domain,
 };
-pub use duration::{Unit, parse_duration, parse_unit};
+pub use duration::{parse_duration, parse_unit};
 pub use wildcard::Pattern;
 
-use crate::limiter::{Counting, Identity, IdentityBuilder, LimitSpec, Role};
+use crate::limiter::{Counting, Identity, IdentityBuilder, LimitSpec, Role, Unit};
 use crate::request::Entry;
 
 /// Every loaded domain.

@@ -1,7 +1,8 @@
-//! `grpc.health.v1.Health` answered from [`super::readiness`], the same
-//! function as `/readyz`: `Check` asks it at the moment of the call, and
+//! Readiness, the one answer of `/readyz`, `/healthcheck` and
+//! `grpc.health.v1.Health` ([`readiness`]). gRPC health asks it as the admin
+//! routes do: `Check` asks it at the moment of the call, and
 //! `Watch` streams its changes, which a task looks for every
-//! [`READINESS_POLL`] and at once on shutdown.
+//! `READINESS_POLL` and at once on shutdown.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,6 +21,21 @@ use crate::decision::Limiter;
 use crate::proto as pb;
 use crate::store::CounterStore;
 
+/// Whether the service should take traffic; if not, why. The one answer
+/// behind `/readyz`, `/healthcheck` and gRPC health.
+pub fn readiness<S: CounterStore>(
+    limiter: &Limiter<S>,
+    shutdown: &CancellationToken,
+) -> Result<(), &'static str> {
+    if shutdown.is_cancelled() {
+        Err("shutting down")
+    } else if !limiter.store().is_ready() {
+        Err("counter store unreachable")
+    } else {
+        Ok(())
+    }
+}
+
 /// Health service names: the standard empty name, the RLS service's full
 /// name, and `ratelimit`, the name envoyproxy/ratelimit uses.
 const HEALTH_NAMES: [&str; 3] = ["", pb::SERVICE_NAME, "ratelimit"];
@@ -34,7 +50,7 @@ pub(crate) fn service<S: CounterStore>(
     limiter: Arc<Limiter<S>>,
     shutdown: CancellationToken,
 ) -> HealthServer<ReadinessHealth<S>> {
-    let (changes, watched) = watch::channel(super::readiness(&limiter, &shutdown).is_ok());
+    let (changes, watched) = watch::channel(readiness(&limiter, &shutdown).is_ok());
     tokio::spawn(follow(limiter.clone(), shutdown.clone(), changes));
     HealthServer::new(ReadinessHealth {
         limiter,
@@ -52,7 +68,7 @@ async fn follow<S: CounterStore>(
     let mut tick = tokio::time::interval(READINESS_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let ready = super::readiness(&limiter, &shutdown);
+        let ready = readiness(&limiter, &shutdown);
         changes.send_if_modified(|serving| {
             let changed = *serving != ready.is_ok();
             match ready {
@@ -100,7 +116,7 @@ impl<S: CounterStore> Health for ReadinessHealth<S> {
         if !HEALTH_NAMES.contains(&request.get_ref().service.as_str()) {
             return Err(Status::not_found("service not registered"));
         }
-        let ready = super::readiness(&self.limiter, &self.shutdown);
+        let ready = readiness(&self.limiter, &self.shutdown);
         Ok(Response::new(response(ready.is_ok())))
     }
 

@@ -1,8 +1,17 @@
 //! The service's settings: one typed struct, filled from defaults, then a
 //! settings file (`--config`, TOML or YAML), then `SLUICE_…` environment
 //! variables, then command-line flags — each later source wins.
+//!
+//! Here, the declaration (`settings!`: every setting once); `load.rs` merges
+//! the sources, `check.rs` refuses what parses but is wrong, `origin.rs`
+//! names where a bad value came from; `upstream/` reads envoyproxy/ratelimit's
+//! variables as one more source, `unsupported.rs` lists those it does not
+//! honour, `reference.rs` renders the docs page. Settings are data: they
+//! import only value types, and `app/build.rs` turns them into the runtime
+//! objects (store, listeners, limiter, telemetry, xDS client).
 
 use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -14,6 +23,7 @@ use crate::store::{MemoryStoreConfig, RedisUrl, TimeSource};
 pub use crate::telemetry::LogFormat;
 use crate::telemetry::traces::OtlpProtocol;
 
+mod check;
 mod load;
 mod origin;
 pub mod reference;
@@ -138,6 +148,13 @@ impl Declared {
     }
 }
 
+/// `n` as a setting that must be positive (its default).
+fn nonzero<T: TryFrom<NonZeroU64>>(n: u64) -> T {
+    NonZeroU64::new(n)
+        .and_then(|n| T::try_from(n).ok())
+        .expect("a positive default that fits its type")
+}
+
 fn flag_help(doc: &str, name: &str) -> String {
     let default = DECLARED
         .iter()
@@ -177,9 +194,9 @@ settings! {
     "Redis password (AUTH, or the password of the user named in the URL); replaces any password in the URL. Prefer SLUICE_REDIS_PASSWORD: a flag shows in the process list"
     redis_password: Option<Secret> = None, flag String, "PASSWORD";
     "Redis connections per node, used round-robin; each carries many calls at once"
-    redis_pool_size: usize = 1, flag usize, "N";
+    redis_pool_size: NonZeroUsize = nonzero(1), flag usize, "N";
     "Longest wait for Redis per decision, in milliseconds; past it the request fails UNAVAILABLE (what it counted after all is refunded)"
-    redis_timeout_ms: u64 = 40, flag u64, "MS";
+    redis_timeout_ms: NonZeroU64 = nonzero(40), flag u64, "MS";
     "Requests of one counter that arrive while a Redis call for it is in flight share the next call (decided in turn, exactly as separate calls would): far less work per request on a hot counter"
     redis_coalesce: bool = true, flag bool, "BOOL";
     "Prefix of every Redis key"
@@ -193,7 +210,7 @@ settings! {
     "What to answer when the counter store fails: unavailable (gRPC UNAVAILABLE, Envoy's failure_mode_deny decides), allow, or deny"
     on_store_error: crate::decision::StoreErrorPolicy = crate::decision::StoreErrorPolicy::Unavailable, flag crate::decision::StoreErrorPolicy, "POLICY";
     "Consecutive store failures after which the store is not called for a while (circuit breaker)"
-    breaker_failures: u32 = 5, flag u32, "N";
+    breaker_failures: NonZeroU32 = nonzero(5), flag u32, "N";
     "... and only once they have lasted this long, in milliseconds, so one short stall failing every request in flight does not open it"
     breaker_min_failing_ms: u64 = 500, flag u64, "MS";
     "How long the open circuit breaker refuses store calls, in milliseconds"
@@ -213,23 +230,23 @@ settings! {
     "Counters known to be full are answered locally until they can take a hit again, without calling Redis; this many at most, 0 turns it off"
     local_cache_size: usize = 100_000, flag usize, "N";
     "Most gRPC connections open at once; beyond it a new connection gets an HTTP/2 GOAWAY (REFUSED_STREAM) and is closed"
-    grpc_max_connections: u32 = 10_000, flag u32, "N";
+    grpc_max_connections: NonZeroU32 = nonzero(10_000), flag u32, "N";
     "Most admin HTTP connections open at once; beyond it a new connection gets a 503 and is closed"
-    http_max_connections: u32 = 1_024, flag u32, "N";
+    http_max_connections: NonZeroU32 = nonzero(1_024), flag u32, "N";
     "A new connection on either port that has not sent its handshake (the HTTP/2 preface, an HTTP request head) within this is closed, in milliseconds"
-    handshake_timeout_ms: u64 = 10_000, flag u64, "MS";
+    handshake_timeout_ms: NonZeroU64 = nonzero(10_000), flag u64, "MS";
     "A connection on either port with no request in flight for this long is closed, in milliseconds"
-    idle_timeout_ms: u64 = 300_000, flag u64, "MS";
+    idle_timeout_ms: NonZeroU64 = nonzero(300_000), flag u64, "MS";
     "After this long (±10%) a gRPC connection gets a GOAWAY, so clients reconnect and spread over new replicas, in milliseconds; 0 never"
     max_connection_age_ms: u64 = 1_800_000, flag u64, "MS";
     "Then, how long its requests in flight may take before it is closed, in milliseconds"
     max_connection_age_grace_ms: u64 = 30_000, flag u64, "MS";
     "Most streams open at once on one gRPC connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)"
-    grpc_max_concurrent_streams: u32 = 100, flag u32, "N";
+    grpc_max_concurrent_streams: NonZeroU32 = nonzero(100), flag u32, "N";
     "Largest gRPC request message in bytes; larger ones are refused RESOURCE_EXHAUSTED"
-    grpc_max_request_bytes: usize = 64 << 10, flag usize, "BYTES";
+    grpc_max_request_bytes: NonZeroUsize = nonzero(64 << 10), flag usize, "BYTES";
     "How long a request on either port may take to arrive and be answered; past it gRPC answers DEADLINE_EXCEEDED and HTTP 408, in milliseconds"
-    request_timeout_ms: u64 = 5_000, flag u64, "MS";
+    request_timeout_ms: NonZeroU64 = nonzero(5_000), flag u64, "MS";
     "Which debits a limit counts unless its rule says: admitted (only hits of admitted requests) or always (every hit, upstream's behaviour)"
     counting: Counting = Counting::Admitted, flag Counting, "MODE";
     "Decide and count as usual but always answer OK (over-limit decisions only show in metrics and logs)"
@@ -287,7 +304,7 @@ settings! {
     "Send statsd lines over UDP instead of TCP (gostats' default)"
     statsd_udp: bool = false, flag bool, "BOOL";
     "How often stats are flushed to statsd, in milliseconds"
-    stats_flush_interval_ms: u64 = 10_000, flag u64, "MS";
+    stats_flush_interval_ms: NonZeroU64 = nonzero(10_000), flag u64, "MS";
     "Address of the debug listener (/rlconfig); none serves none. It has the admin port's handshake and idle timeouts and at most 64 connections"
     debug_addr: Option<SocketAddr> = None, flag SocketAddr, "ADDR";
     "Client certificate (PEM) for Redis over TLS; needs redis_tls_key"
@@ -323,265 +340,4 @@ impl std::fmt::Debug for Secret {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::Path;
-
-    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
-        Some(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
-    }
-
-    /// The settings alone (the warnings are the upstream layer's tests').
-    fn load(
-        file: Option<&Path>,
-        flags: &SettingsFlags,
-        env: Option<config::Map<String, String>>,
-    ) -> Result<Settings, SettingsError> {
-        Settings::load_from(file, flags, env).map(|loaded| loaded.settings)
-    }
-
-    #[test]
-    fn defaults_apply_when_nothing_is_set() {
-        let s = load(None, &SettingsFlags::default(), env(&[])).unwrap();
-        assert_eq!(s, Settings::default());
-        assert_eq!(s.grpc_addr.port(), 8081);
-        assert_eq!(s.http_addr.port(), 8080);
-    }
-
-    #[test]
-    fn file_then_env_then_flags_each_win() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("sluice.toml");
-        std::fs::write(
-            &file,
-            "grpc_addr = \"127.0.0.1:1000\"\nmax_entries = 3\nlog_level = \"debug\"\n",
-        )
-        .unwrap();
-        let flags = SettingsFlags {
-            max_entries: Some(5),
-            ..Default::default()
-        };
-        let s = load(
-            Some(&file),
-            &flags,
-            env(&[
-                ("SLUICE_GRPC_ADDR", "127.0.0.1:2000"),
-                ("SLUICE_RESPONSE_HEADERS", "ietf"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(s.grpc_addr.port(), 2000);
-        assert_eq!(s.max_entries, 5);
-        assert_eq!(s.log_level, "debug");
-        assert_eq!(s.response_headers, HeaderMode::Ietf);
-    }
-
-    #[test]
-    fn a_typo_in_the_settings_file_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("sluice.toml");
-        std::fs::write(&file, "grpc_adr = \"127.0.0.1:1000\"\n").unwrap();
-        let err = load(Some(&file), &SettingsFlags::default(), env(&[])).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            text.contains("unknown setting 'grpc_adr'") && text.contains("grpc_addr"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn kubernetes_service_variables_are_ignored() {
-        let s = load(
-            None,
-            &SettingsFlags::default(),
-            env(&[
-                ("SLUICE_SERVICE_HOST", "10.0.0.1"),
-                ("SLUICE_PORT", "tcp://10.0.0.1:8081"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(s, Settings::default());
-    }
-
-    #[test]
-    fn a_bad_value_is_one_line_naming_where_it_came_from_and_the_value() {
-        let bad = |pairs: &[(&str, &str)]| {
-            let err = load(None, &SettingsFlags::default(), env(pairs)).expect_err("a bad value");
-            assert!(std::error::Error::source(&err).is_none(), "{err}");
-            err.to_string()
-        };
-        assert_eq!(
-            bad(&[("SLUICE_GRPC_ADDR", "abc")]),
-            "invalid SLUICE_GRPC_ADDR=\"abc\": invalid socket address syntax"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_MAX_ENTRIES", "-3")]),
-            "invalid SLUICE_MAX_ENTRIES=\"-3\": expected a whole number, 0 or more"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_LOG_FORMAT", "xml")]),
-            "invalid SLUICE_LOG_FORMAT=\"xml\": expected one of human, json"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_SHADOW_MODE", "maybe")]),
-            "invalid SLUICE_SHADOW_MODE=\"maybe\": expected true or false"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_TRACE_SAMPLING_RATIO", "2")]),
-            "invalid SLUICE_TRACE_SAMPLING_RATIO=\"2\": the share of traces to export goes \
-             from 0 (none) to 1 (all)"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_XDS_NODE_METADATA", "zone:a")]),
-            "invalid SLUICE_XDS_NODE_METADATA=\"zone:a\": expected a JSON object, e.g. {\"zone\": \"a\"}"
-        );
-        // The settings file: its key, the value and the file.
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("sluice.toml");
-        std::fs::write(&file, "grpc_addr = \"abc\"\n").unwrap();
-        let err = load(Some(&file), &SettingsFlags::default(), env(&[]))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            err,
-            format!(
-                "invalid grpc_addr = \"abc\" in {}: invalid socket address syntax",
-                file.display()
-            )
-        );
-        // A variable wins over the file, and so is the one named.
-        let err = load(
-            Some(&file),
-            &SettingsFlags::default(),
-            env(&[("SLUICE_GRPC_ADDR", "def")]),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.starts_with("invalid SLUICE_GRPC_ADDR=\"def\""), "{err}");
-        let err = load(
-            Some(&dir.path().join("missing.toml")),
-            &SettingsFlags::default(),
-            env(&[]),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.starts_with("settings file: ") && err.contains("missing.toml"),
-            "{err}"
-        );
-    }
-}
-
-#[cfg(test)]
-mod declaration_tests {
-    use super::*;
-    use clap::CommandFactory as _;
-    use std::path::Path;
-
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        flags: SettingsFlags,
-    }
-
-    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
-        Some(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
-    }
-
-    /// The settings alone (the warnings are the upstream layer's tests').
-    fn load(
-        file: Option<&Path>,
-        flags: &SettingsFlags,
-        env: Option<config::Map<String, String>>,
-    ) -> Result<Settings, SettingsError> {
-        Settings::load_from(file, flags, env).map(|loaded| loaded.settings)
-    }
-
-    #[test]
-    fn every_setting_is_declared_once_with_flag_env_and_doc() {
-        let defaults = serde_json::to_value(Settings::default()).unwrap();
-        let fields: Vec<&String> = defaults.as_object().unwrap().keys().collect();
-        assert_eq!(fields.len(), DECLARED.len());
-        let help = Cli::command().render_long_help().to_string();
-        let mut seen = std::collections::HashSet::new();
-        for d in DECLARED {
-            assert!(seen.insert(d.name), "{} declared twice", d.name);
-            assert!(fields.contains(&&d.name.to_string()), "{}", d.name);
-            assert!(!d.doc.is_empty(), "{} has no doc", d.name);
-            assert!(help.contains(&d.flag()), "{} has no flag", d.name);
-            assert!(
-                help.contains(&format!("[default: {}]", d.default_text())),
-                "{}",
-                d.name
-            );
-        }
-    }
-
-    #[test]
-    fn a_new_setting_reads_from_env_and_the_flag_wins() {
-        use clap::Parser as _;
-        let cli = Cli::parse_from(["x", "--counting", "admitted", "--xds-backoff-max-ms", "5"]);
-        let s = load(
-            None,
-            &cli.flags,
-            env(&[
-                ("SLUICE_COUNTING", "always"),
-                ("SLUICE_SHADOW_MODE", "true"),
-                ("SLUICE_XDS_SERVER", "eg:18001"),
-                ("SLUICE_XDS_BACKOFF_MAX_MS", "9"),
-                ("SLUICE_DEBUG_ADDR", "127.0.0.1:6070"),
-                ("SLUICE_XDS_TLS", "true"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(s.counting, Counting::Admitted);
-        assert!(s.shadow_mode);
-        assert_eq!(s.xds_server.as_deref(), Some("eg:18001"));
-        assert_eq!(s.xds_backoff_max_ms, 5);
-        assert_eq!(s.debug_addr, Some(SocketAddr::from(([127, 0, 0, 1], 6070))));
-        assert!(s.xds_tls);
-        assert_eq!(Settings::default().counting, Counting::Admitted);
-    }
-
-    #[test]
-    fn both_upstream_stats_sinks_at_once_stop_start_up() {
-        use clap::Parser as _;
-        let cli = Cli::parse_from(["x"]);
-        let vars = [
-            ("SLUICE_STATSD_ADDR", "statsd:8125"),
-            ("SLUICE_UPSTREAM_PROMETHEUS_ADDR", "0.0.0.0:19001"),
-        ];
-        let error = load(None, &cli.flags, env(&vars)).unwrap_err();
-        assert!(
-            matches!(error, SettingsError::Unsupported { .. }),
-            "{error}"
-        );
-    }
-
-    #[test]
-    fn a_certificate_without_its_key_is_an_error() {
-        for var in [
-            "SLUICE_GRPC_TLS_CERT",
-            "SLUICE_XDS_TLS_KEY",
-            "SLUICE_REDIS_TLS_CERT",
-        ] {
-            let err = load(None, &SettingsFlags::default(), env(&[(var, "/x.pem")])).unwrap_err();
-            let text = err.to_string();
-            assert!(
-                text.starts_with(&format!("invalid {var}=\"/x.pem\": "))
-                    && text.contains("go together"),
-                "{text}"
-            );
-        }
-    }
-}
+mod tests;

@@ -33,6 +33,10 @@ pub fn type_text(d: &Declared) -> String {
             Some(unit) => format!("whole number of {unit}"),
             None => "whole number".to_owned(),
         },
+        "NonZeroU32" | "NonZeroU64" | "NonZeroUsize" => match unit {
+            Some(unit) => format!("whole number of {unit}, at least 1"),
+            None => "whole number, at least 1".to_owned(),
+        },
         "f64" => "number".to_owned(),
         "SocketAddr" => "socket address (`ip:port`)".to_owned(),
         "PathBuf" => "file or directory path".to_owned(),
@@ -238,7 +242,7 @@ mod tests {
         let find = |name: &str| DECLARED.iter().find(|d| d.name == name).unwrap();
         assert_eq!(
             type_text(find("redis_timeout_ms")),
-            "whole number of milliseconds"
+            "whole number of milliseconds, at least 1"
         );
         assert_eq!(
             type_text(find("response_headers")),
@@ -246,5 +250,13 @@ mod tests {
         );
         assert_eq!(type_text(find("rules")), "file or directory path, optional");
         assert_eq!(type_text(find("near_limit_ratio")), "number");
+        assert_eq!(
+            type_text(find("shutdown_delay_ms")),
+            "whole number of milliseconds"
+        );
+        assert_eq!(
+            type_text(find("breaker_failures")),
+            "whole number, at least 1"
+        );
     }
 }

@@ -155,6 +155,75 @@ async fn metrics_count_known_traffic_by_domain_and_limit() {
     server.stop().await;
 }
 
+/// `sluice_limit` shows every limit of the rules in force, labelled as its
+/// counters are, and follows reloads: a limit that is gone loses its series.
+#[test]
+fn configured_limits_are_shown_and_follow_reloads() {
+    let metrics = Arc::new(Metrics::default());
+    let clock = Arc::new(ManualClock::new(T0));
+    let limiter = sluice::decision::Limiter::with_options(
+        rules(RULES),
+        MemoryStore::new(&MemoryStoreConfig::default(), clock),
+        LimiterOptions {
+            metrics: metrics.clone(),
+            ..LimiterOptions::default()
+        },
+    );
+    let text = metrics.encode();
+    for line in [
+        r#"sluice_limit{domain="admin",limit="per-client",window="1m"} 5"#,
+        r#"sluice_limit{domain="admin",limit="admin/ip",window="1m"} 100"#,
+        r#"sluice_limit{domain="admin",limit="admin/trial",window="1m"} 1"#,
+        r#"sluice_limit_window_seconds{domain="admin",limit="per-client",window="1m"} 60.0"#,
+    ] {
+        assert!(text.contains(line), "missing {line}\n{text}");
+    }
+    limiter.replace_rules(rules(
+        "domain: admin\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 3, name: per-client}\n",
+    ));
+    let text = metrics.encode();
+    assert!(
+        text.contains(r#"sluice_limit{domain="admin",limit="per-client",window="1s"} 3"#),
+        "{text}"
+    );
+    for gone in [r#"window="1m""#, "admin/ip", "admin/trial"] {
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("sluice_limit") && l.contains(gone)),
+            "{gone} still shown after the reload:\n{text}"
+        );
+    }
+}
+
+/// `sluice_build_info` names the version and a revision, and the reconcile
+/// and TLS-handshake series exist from the start (at zero), so alerts on
+/// their rate have data before the first event.
+#[test]
+fn build_info_and_operations_series_exist_from_the_start() {
+    let text = Metrics::default().encode();
+    let build = text
+        .lines()
+        .find(|l| l.starts_with("sluice_build_info{"))
+        .unwrap_or_else(|| panic!("no sluice_build_info in\n{text}"));
+    assert!(
+        build.starts_with(&format!(
+            r#"sluice_build_info{{version="{}",revision=""#,
+            env!("CARGO_PKG_VERSION")
+        )) && build.ends_with("} 1"),
+        "{build}"
+    );
+    assert!(!build.contains(r#"revision="""#), "{build}");
+    for line in [
+        r#"sluice_store_reconciliations_total{outcome="answered"} 0"#,
+        r#"sluice_store_reconciliations_total{outcome="no_reply"} 0"#,
+        r#"sluice_tls_handshake_failures_total{listener="grpc"} 0"#,
+        "sluice_memory_store_keys 0",
+    ] {
+        assert!(text.contains(line), "missing {line}\n{text}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_unique_values_keeps_metric_labels_bounded() {
     let metrics = Arc::new(Metrics::new(MetricsConfig {

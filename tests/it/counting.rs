@@ -290,9 +290,10 @@ async fn two_replicas_on_a_redis_cluster_count_every_mode_exactly() {
 }
 
 mod rules {
+    use sluice::limiter::Unit;
     use sluice::limiter::{Algorithm, Counting};
     use sluice::request::Entry;
-    use sluice::rules::{Domain, Unit, parse_domain};
+    use sluice::rules::{Domain, parse_domain};
 
     fn load(text: &str) -> Result<Domain, String> {
         parse_domain("rules/counting.yaml", text.as_bytes()).map_err(|errors| format!("{errors:?}"))

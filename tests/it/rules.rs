@@ -7,10 +7,10 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sluice::limiter::{Algorithm, Role};
+use sluice::limiter::{Algorithm, Role, Unit};
 use sluice::request::Entry;
 use sluice::rules::{
-    ConfigError, Domain, Found, Limit, RuleSet, RulesSource, Unit, load_paths, parse_domain,
+    ConfigError, Domain, Found, Limit, RuleSet, RulesSource, load_paths, parse_domain,
 };
 
 const FILE: &str = "rules/test.yaml";

@@ -366,6 +366,22 @@ async fn bad_files_at_start_are_an_error_naming_the_file() {
     }
 }
 
+/// The series of refused TLS handshakes on the gRPC port.
+const HANDSHAKE_FAILURES: &str = r#"sluice_tls_handshake_failures_total{listener="grpc"}"#;
+
+/// Waits until `server` has counted a refused handshake (the client may see
+/// the refusal before the server's task counts it).
+async fn await_handshake_failure(server: &Running) {
+    let deadline = tokio::time::Instant::now() + ROTATION_DEADLINE;
+    while server.metric(HANDSHAKE_FAILURES).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refused handshake was not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A server with mutual TLS against `ca`, its CA and volume.
 async fn mutual(ca: &Ca) -> (Running, SecretVolume) {
     let volume = SecretVolume::new(&ca.leaf(), Some(ca));
@@ -381,6 +397,7 @@ async fn with_a_ca_a_client_certificate_from_it_is_accepted() {
     // extended key usage, and a one-label wildcard for its namespace.
     let envoy = ca.rsa_leaf_for("*.envoy-gateway-system", true);
     assert!(answered(server.grpc, client_config(&ca, Some(&envoy))).await);
+    assert_eq!(server.metric(HANDSHAKE_FAILURES).await, 0);
     server.stop().await;
 }
 
@@ -389,6 +406,7 @@ async fn with_a_ca_a_client_without_a_certificate_is_refused() {
     let ca = Ca::new("envoy-gateway");
     let (server, _volume) = mutual(&ca).await;
     assert!(!answered(server.grpc, client_config(&ca, None)).await);
+    await_handshake_failure(&server).await;
     server.stop().await;
 }
 
@@ -398,6 +416,7 @@ async fn with_a_ca_a_client_certificate_from_another_ca_is_refused() {
     let (server, _volume) = mutual(&ca).await;
     let stranger = Ca::new("someone-else").leaf();
     assert!(!answered(server.grpc, client_config(&ca, Some(&stranger))).await);
+    await_handshake_failure(&server).await;
     server.stop().await;
 }
 

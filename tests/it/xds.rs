@@ -188,7 +188,7 @@ async fn a_new_version_replaces_the_whole_rule_state_and_is_acked() {
     assert_eq!(fed.limit("kept"), Some(7));
     assert_eq!(fed.limit("new"), Some(1));
     assert_eq!(fed.limit("old"), None, "a snapshot replaces, never merges");
-    let shown = sluice::admin::describe_rules(&fed.limiter.rules());
+    let shown = sluice::server::admin::describe_rules(&fed.limiter.rules());
     assert!(shown.contains("# domain kept from xds:v2/kept"), "{shown}");
     assert_eq!(fed.hit("new").await, OK);
     assert_eq!(fed.hit("new").await, OVER);
@@ -387,10 +387,10 @@ descriptors:
             .collect::<Vec<_>>()
     };
     assert_eq!(shape(&file_rules), shape(&xds_rules));
-    let from_file = sluice::admin::describe_rules(&file_rules);
+    let from_file = sluice::server::admin::describe_rules(&file_rules);
     assert!(from_file.contains("# domain same from /"), "{from_file}");
     assert!(from_file.contains("rules.yaml"), "{from_file}");
-    let from_xds = sluice::admin::describe_rules(&xds_rules);
+    let from_xds = sluice::server::admin::describe_rules(&xds_rules);
     assert!(
         from_xds.contains("# domain same from xds:v1/same"),
         "{from_xds}"

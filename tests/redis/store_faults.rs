@@ -145,6 +145,8 @@ async fn calls_that_time_out_after_their_script_ran_are_refunded() {
     let redis = RedisServer::start();
     let prefix = support::unique_prefix();
     let store = uncoalesced(&redis, &prefix).await;
+    let metrics = Metrics::new(MetricsConfig::default());
+    store.count_reconciliations_in(metrics.reconcile_counters());
     let reader = open(&redis.url(), &prefix, Duration::from_secs(5)).await;
     let ran = evalsha_calls(redis.port());
 
@@ -157,6 +159,20 @@ async fn calls_that_time_out_after_their_script_ran_are_refunded() {
     wait_evalsha(redis.port(), ran + 200).await;
     expect_counter(&reader, "paused", 0).await;
     expect_refunds_made(&store).await;
+    // Each late reply is counted as it is reconciled.
+    let answered = metrics.reconcile_counters().answered;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answered.get() < 200 {
+        assert!(Instant::now() < deadline, "{} reconciled", answered.get());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let exposed = metrics.encode();
+    for line in [
+        r#"sluice_store_reconciliations_total{outcome="answered"} 200"#,
+        r#"sluice_store_reconciliations_total{outcome="no_reply"} 0"#,
+    ] {
+        assert!(exposed.contains(line), "missing {line} in\n{exposed}");
+    }
     // The store still decides exactly afterwards.
     let (admitted, over, errors) = burst(&reader, 200, &["after"]).await;
     assert_eq!((admitted, over), (5, 195), "{errors:?}");
@@ -352,7 +368,7 @@ async fn on_a_cluster_a_slot_group_that_times_out_is_refunded_with_the_others() 
 async fn a_200_call_burst_with_the_default_timeout_admits_exactly_the_limit() {
     let redis = RedisServer::start();
     let prefix = support::unique_prefix();
-    let timeout = Duration::from_millis(Settings::default().redis_timeout_ms);
+    let timeout = Duration::from_millis(Settings::default().redis_timeout_ms.get());
     let store = open(&redis.url(), &prefix, timeout).await;
     let (admitted, over, errors) = burst(&store, 200, &["burst"]).await;
     // Measured on the project's 2-core machine in a debug build: 10 ms

@@ -78,14 +78,11 @@ impl Layer {
 /// The values upstream's variables in `env` give the declared settings,
 /// with upstream's defaults for those it does not set.
 pub fn layer(env: &Map<String, String>) -> Result<Layer, UpstreamError> {
-    layer_from(&Reader {
+    let r = &Reader {
         env,
         #[cfg(test)]
         read: Default::default(),
-    })
-}
-
-fn layer_from(r: &Reader<'_>) -> Result<Layer, UpstreamError> {
+    };
     let mut out = Map::new();
     for v in VARIABLES {
         if let Some(value) = v.value(r)? {

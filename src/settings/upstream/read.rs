@@ -162,70 +162,92 @@ impl Reader<'_> {
         prefix: &str,
         user: Option<&str>,
     ) -> Result<Option<String>, UpstreamError> {
-        let url_var = format!("{prefix}_URL");
-        let Some(url) = self.raw(&url_var) else {
+        let vars = RedisVars {
+            url: format!("{prefix}_URL"),
+            socket: format!("{prefix}_SOCKET_TYPE"),
+            kind: format!("{prefix}_TYPE"),
+        };
+        let Some(url) = self.raw(&vars.url) else {
             return Ok(None);
         };
-        let socket_var = format!("{prefix}_SOCKET_TYPE");
-        let type_var = format!("{prefix}_TYPE");
         let auth = user.map(|u| format!("{u}:@")).unwrap_or_default();
         // Upstream's default socket type is unix, with a path for a URL; a
         // host:port URL only works over TCP, so an unset socket type goes
         // by the URL's form.
         let unix = match self
-            .raw(&socket_var)
+            .raw(&vars.socket)
             .map(str::to_ascii_lowercase)
             .as_deref()
         {
             None => url.starts_with('/'),
             Some("tcp") => false,
             Some("unix") => true,
-            Some(_) => return Err(self.err(&socket_var, "expected tcp or unix")),
+            Some(_) => return Err(self.err(&vars.socket, "expected tcp or unix")),
         };
         if unix {
-            if !url.starts_with('/') {
-                return Err(self.err(&url_var, "a unix socket is reached by its absolute path"));
-            }
-            if !self
-                .string(&type_var, "single")
-                .eq_ignore_ascii_case("single")
-            {
-                return Err(self.err(&type_var, "a unix socket serves a single Redis"));
-            }
-            return Ok(Some(format!("redis+unix://{auth}{url}")));
+            return self.redis_unix_url(&vars, url, &auth).map(Some);
         }
         if url.starts_with('/') {
-            return Err(self.err(&socket_var, "a socket path needs the unix socket type"));
+            return Err(self.err(&vars.socket, "a socket path needs the unix socket type"));
         }
-        let tls = self.bool("REDIS_TLS", false)?;
-        let s = if tls { "s" } else { "" };
-        let hosts: Vec<&str> = url.split(',').map(str::trim).collect();
-        let check_hosts = |hosts: &[&str]| {
-            for h in hosts {
-                let ok = h
-                    .rsplit_once(':')
-                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-                if !ok {
-                    return Err(self.err(&url_var, format!("'{h}' is not host:port")));
-                }
-            }
-            Ok(())
+        self.redis_tcp_url(&vars, url, &auth).map(Some)
+    }
+
+    /// `redis+unix://` for a socket path.
+    fn redis_unix_url(
+        &self,
+        vars: &RedisVars,
+        path: &str,
+        auth: &str,
+    ) -> Result<String, UpstreamError> {
+        if !path.starts_with('/') {
+            return Err(self.err(&vars.url, "a unix socket is reached by its absolute path"));
+        }
+        if !self
+            .string(&vars.kind, "single")
+            .eq_ignore_ascii_case("single")
+        {
+            return Err(self.err(&vars.kind, "a unix socket serves a single Redis"));
+        }
+        Ok(format!("redis+unix://{auth}{path}"))
+    }
+
+    /// A single Redis, a Cluster or Sentinels over TCP (TLS with
+    /// `REDIS_TLS`), from upstream's comma-separated list.
+    fn redis_tcp_url(
+        &self,
+        vars: &RedisVars,
+        url: &str,
+        auth: &str,
+    ) -> Result<String, UpstreamError> {
+        let s = if self.bool("REDIS_TLS", false)? {
+            "s"
+        } else {
+            ""
         };
-        let out = match self
-            .string(&type_var, "single")
+        let hosts: Vec<&str> = url.split(',').map(str::trim).collect();
+        let check_hosts = |hosts: &[&str]| match hosts.iter().find(|h| {
+            !h.rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+        }) {
+            Some(h) => Err(self.err(&vars.url, format!("'{h}' is not host:port"))),
+            None => Ok(()),
+        };
+        match self
+            .string(&vars.kind, "single")
             .to_ascii_lowercase()
             .as_str()
         {
             "single" => {
                 if hosts.len() != 1 {
-                    return Err(self.err(&url_var, "REDIS_TYPE=single takes one host:port"));
+                    return Err(self.err(&vars.url, "REDIS_TYPE=single takes one host:port"));
                 }
                 check_hosts(&hosts)?;
-                format!("redis{s}://{auth}{}", hosts[0])
+                Ok(format!("redis{s}://{auth}{}", hosts[0]))
             }
             "cluster" => {
                 check_hosts(&hosts)?;
-                format!("redis{s}-cluster://{auth}{}", hosts.join(","))
+                Ok(format!("redis{s}-cluster://{auth}{}", hosts.join(",")))
             }
             "sentinel" => {
                 // Upstream: the master's name, then the sentinels.
@@ -234,15 +256,24 @@ impl Reader<'_> {
                 };
                 if sentinels.is_empty() {
                     return Err(self.err(
-                        &url_var,
+                        &vars.url,
                         "REDIS_TYPE=sentinel takes the master's name then sentinels: name,host:port[,…]",
                     ));
                 }
                 check_hosts(sentinels)?;
-                format!("redis{s}-sentinel://{auth}{}/{master}", sentinels.join(","))
+                Ok(format!(
+                    "redis{s}-sentinel://{auth}{}/{master}",
+                    sentinels.join(",")
+                ))
             }
-            _ => return Err(self.err(&type_var, "expected single, cluster or sentinel")),
-        };
-        Ok(Some(out))
+            _ => Err(self.err(&vars.kind, "expected single, cluster or sentinel")),
+        }
     }
+}
+
+/// The names of one Redis's variables (`REDIS_…` or `REDIS_PERSECOND_…`).
+struct RedisVars {
+    url: String,
+    socket: String,
+    kind: String,
 }

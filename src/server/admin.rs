@@ -29,9 +29,10 @@ use tokio_util::sync::CancellationToken;
 use crate::decision::{DecideError, Decision, Limiter, outcome_code};
 use crate::headers::{HeaderMode, headers};
 use crate::limiter::Algorithm;
+use crate::limiter::Unit;
 use crate::query::DescriptorArg;
 use crate::request::{Descriptor, Entry, Override, Request};
-use crate::rules::{RuleSet, Unit};
+use crate::rules::RuleSet;
 use crate::service::ResponseOptions;
 use crate::service::explain;
 use crate::store::CounterStore;
@@ -98,7 +99,7 @@ pub fn router_with<S: CounterStore>(
 }
 
 async fn readyz<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response {
-    match crate::server::readiness(&admin.limiter, &admin.shutdown) {
+    match super::health::readiness(&admin.limiter, &admin.shutdown) {
         Ok(()) => "ready\n".into_response(),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -112,7 +113,7 @@ async fn readyz<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response
 /// store was reached and no SIGTERM has arrived, even before any rules are
 /// loaded unless `healthy_with_config_loaded`; 500 otherwise.
 async fn healthcheck<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response {
-    let healthy = crate::server::readiness(&admin.limiter, &admin.shutdown).and_then(|()| {
+    let healthy = super::health::readiness(&admin.limiter, &admin.shutdown).and_then(|()| {
         if admin.options.healthy_with_config_loaded && admin.limiter.rules().domains().count() == 0
         {
             Err("no rules loaded")
