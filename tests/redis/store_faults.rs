@@ -5,7 +5,7 @@
 //! is counted where operators see it, the default timeout carries a 200-call
 //! burst, and a wrong password is named as such (never echoed).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

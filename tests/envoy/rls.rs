@@ -12,7 +12,7 @@
 //! addresses (127.0.0.2, 127.0.0.3, …) when a test needs distinct
 //! `remote_address` values.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -868,7 +868,7 @@ async fn concurrency_slots_are_taken_released_and_leased() {
 
 #[test]
 fn every_envoy_snippet_of_the_docs_is_run_by_a_test() {
-    let this = std::fs::read_to_string(repo().join("tests/envoy.rs")).unwrap();
+    let this = std::fs::read_to_string(repo().join("tests/envoy/rls.rs")).unwrap();
     let mut names = Vec::new();
     for (page, text) in doc_pages() {
         // A marker is a line of its own (a page may name the convention
@@ -886,7 +886,7 @@ fn every_envoy_snippet_of_the_docs_is_run_by_a_test() {
                 this.contains(&used)
                     || (name.ends_with("/filters")
                         && this.contains(&format!("snippet_filters(\"{group}\")"))),
-                "{page}: the snippet {name} is not run by tests/envoy.rs"
+                "{page}: the snippet {name} is not run by tests/envoy/rls.rs"
             );
         }
     }

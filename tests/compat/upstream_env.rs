@@ -6,7 +6,7 @@
 //! variable it does not honour once. A bad value, of upstream's variables
 //! or Sluice's own, stops it with one line naming the variable and value.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};

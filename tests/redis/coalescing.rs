@@ -3,7 +3,7 @@
 //! and decide.lua decides them in turn, variable weights and all, exactly
 //! as separate calls would have.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

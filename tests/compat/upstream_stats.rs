@@ -2,7 +2,7 @@
 //! statsd lines a UDP listener receives and the Prometheus page mapped by
 //! Envoy Gateway's mapping file (issue 13, item 4).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

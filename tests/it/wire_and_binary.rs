@@ -4,7 +4,7 @@
 //! against the real wire contract. Also health, reflection, the admin HTTP
 //! port, concurrency, and the binary as the README starts it.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;

@@ -15,8 +15,7 @@
 //! mutual TLS. No test sleeps for time: each polls for an event with a
 //! deadline.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 mod deployment;
 mod envoy;

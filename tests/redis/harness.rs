@@ -1,8 +1,7 @@
 //! Checks of the Redis test harness itself: it starts real `redis-server`
 //! processes, and they never outlive their owner.
 
-#[path = "support/redis.rs"]
-mod redis;
+use crate::support::redis;
 
 use std::io;
 use std::process::{Command, Stdio};
@@ -246,7 +245,8 @@ fn leak_and_check(mode: &str) {
     let output = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_leaks_a_server",
+            // The test's name in this binary: its module, then its own.
+            "harness::child_leaks_a_server",
             "--ignored",
             "--nocapture",
         ])

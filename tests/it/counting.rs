@@ -3,7 +3,7 @@
 //! global defaults of `LimiterOptions`, and exactness under 200 concurrent
 //! calls from two limiter replicas sharing one Redis, and on a Redis Cluster.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! No test sleeps for time: each waits for the next request the server sees,
 //! or polls for an event, bounded by [`TIMEOUT`].
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! connections a channel opened); and `sluice query` speaking TLS and mutual
 //! TLS to it, with a clear error for a wrong CA or a missing certificate.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! (so an exact limiter shows exactly the limit admitted), and its Redis
 //! reading sees one script call per decision.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! with its counters intact, also when its host is lost; and a connection
 //! to a primary demoted outside Sentinel, dialled again.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

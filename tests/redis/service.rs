@@ -5,7 +5,7 @@
 //! metrics page, ACL auth works, and each request is one script call that
 //! does not touch the TTL on every hit.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

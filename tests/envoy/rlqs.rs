@@ -5,7 +5,7 @@
 //! Envoy admitted per window of the test's own clock, against the bound the
 //! README states: `R·W + R·5 s + 3 × (assignments changed)`.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

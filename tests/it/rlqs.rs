@@ -3,7 +3,7 @@
 //! (`envoy-types`), speaking the protocol as Envoy 1.40 does (a `0s` first
 //! report, then periodic reports of every bucket).
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The decision semantics, pinned one by one through the gRPC handler
 //! (called directly, no network) over the memory store and a manual clock.
 
-mod support;
+use crate::support;
 
 use sluice::decision::Bounds;
 use sluice::headers::HeaderMode;

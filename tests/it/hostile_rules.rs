@@ -4,7 +4,7 @@
 //! within a memory limit and by a running server, which keeps its old rules.
 //! Ordinary anchors and merge keys still load.
 
-mod support;
+use crate::support;
 
 use std::fmt::Write as _;
 use std::fs;

@@ -4,7 +4,7 @@
 //! runs in local time mode with the test's manual clock, so nothing sleeps.
 //! Every test uses its own key prefix, so tests share the servers safely.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! without cache over the same counters at the same instant; and one
 //! regression test per way the cache used to differ (issue 11, item 6).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -7,7 +7,7 @@
 //! frames written by hand) so that they can misbehave in ways a gRPC
 //! client never would.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! API and its status codes, readiness, and what happens when the store
 //! fails (policy, circuit breaker).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

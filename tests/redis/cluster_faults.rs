@@ -9,7 +9,7 @@
 //! it, every slot answers again within 2 s and 200 concurrent calls against
 //! a limit of 5 admit exactly 5 and count exactly 5.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
