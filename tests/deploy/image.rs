@@ -443,7 +443,7 @@ fn the_arm64_image_runs_its_binary_under_qemu() {
             .arg(root.join("etc/sluice/rules")),
         "sluice check-config under qemu",
     );
-    assert!(checked.contains("ok: domain example"), "{checked}");
+    assert!(checked.contains("ok: domain 'example'"), "{checked}");
 }
 
 /// The files of the Secret or ConfigMap `source` of EG's Deployment.
