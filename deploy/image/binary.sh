@@ -4,9 +4,10 @@
 # Builds the service binary the image ships, for ARCH (amd64 or arm64), and
 # prints its path: a static musl executable, the `dist` profile (release,
 # fat LTO, stripped) and no default features (no `sluice bench`), with the
-# locked dependencies. amd64 is compiled with Debian's musl-tools; arm64 is
-# cross-compiled with Debian's gcc-aarch64-linux-gnu as C compiler and
-# linker (Rust's musl targets bring their own C library). Missing Debian
+# locked dependencies. The machine's own architecture is compiled with
+# Debian's musl-tools, the other one cross-compiled with Debian's
+# gcc-aarch64-linux-gnu (or gcc-x86-64-linux-gnu) as C compiler and linker
+# (Rust's musl targets bring their own C library). Missing Debian
 # packages are installed when running as root, and the Rust target is added
 # with rustup.
 #
@@ -21,26 +22,32 @@ say() { echo "deploy/image/binary.sh: $*" >&2; }
 
 arch="${1:-}"
 case "$arch" in
-  amd64)
-    triple=x86_64-unknown-linux-musl
-    tools=(musl-gcc)
-    packages=(musl-tools)
-    ;;
-  arm64)
-    triple=aarch64-unknown-linux-musl
-    tools=(aarch64-linux-gnu-gcc)
-    packages=(gcc-aarch64-linux-gnu)
-    # The C parts (mimalloc, ring) and the final link go through Debian's
-    # cross compiler; the C library is the one Rust's target ships.
-    export CC_aarch64_unknown_linux_musl=aarch64-linux-gnu-gcc
-    export AR_aarch64_unknown_linux_musl=aarch64-linux-gnu-ar
-    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=aarch64-linux-gnu-gcc
-    ;;
+  amd64) machine=x86_64 ;;
+  arm64) machine=aarch64 ;;
   *)
     say "usage: deploy/image/binary.sh amd64|arm64"
     exit 2
     ;;
 esac
+triple="$machine-unknown-linux-musl"
+target_env="$(echo "$triple" | tr '-' '_')"
+if [ "$(uname -m)" = "$machine" ]; then
+  # Native: the C parts (mimalloc, ring) compiled by Debian's musl-gcc,
+  # which the cc crate finds by itself for x86_64.
+  tools=(musl-gcc)
+  packages=(musl-tools)
+  if [ "$machine" != x86_64 ]; then
+    export "CC_$target_env=musl-gcc"
+  fi
+else
+  # Cross: the C parts and the final link go through Debian's cross
+  # compiler for the machine; the C library is the one Rust's target ships.
+  cross="$machine-linux-gnu"
+  tools=("$cross-gcc")
+  packages=("gcc-${cross//_/-}")
+  export "CC_$target_env=$cross-gcc" "AR_$target_env=$cross-ar"
+  export "CARGO_TARGET_$(echo "$target_env" | tr '[:lower:]' '[:upper:]')_LINKER=$cross-gcc"
+fi
 
 missing=()
 for tool in "${tools[@]}"; do

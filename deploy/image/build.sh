@@ -75,6 +75,8 @@ else
 fi
 
 # --- what the image says about itself --------------------------------------
+# The checkout may belong to another user (a container, CI as root).
+git() { command git -c safe.directory="$PWD" "$@"; }
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)"
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then

@@ -241,8 +241,12 @@ fn the_image_binary_is_a_locked_static_service_only_dist_build() {
         !build.contains("--features") && !build.contains("--all-features"),
         "the image builds the service alone (no `bench`): {build}"
     );
-    for triple in ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"] {
-        assert!(script.contains(&format!("triple={triple}")), "{triple}");
+    assert!(script.contains("triple=\"$machine-unknown-linux-musl\""));
+    for (arch, machine) in [("amd64", "x86_64"), ("arm64", "aarch64")] {
+        assert!(
+            script.contains(&format!("{arch}) machine={machine} ;;")),
+            "{arch} builds for {machine}"
+        );
     }
     let section = cargo_section(&format!("profile.{profile}"));
     assert!(
