@@ -12,8 +12,10 @@
 # command, running the script and the commands it calls, the reply.
 # Identities are drawn from KEYS, uniformly or by a Zipf law, by a seeded
 # generator, and the clock is simulated (decisions RATE per second), so a
-# run makes exactly the same calls whatever the machine's speed: counts
-# repeat to a fraction of a percent. With the defaults the counted
+# run makes exactly the same calls whatever the machine's speed. Counts
+# still move by about 2% between runs: Redis's own timer (serverCron: expiry
+# cycles, rehashing) runs by the wall clock, so more often per call when
+# valgrind runs slower; compare scripts in runs made side by side. With the defaults the counted
 # decisions find what the middle of a 220,000-request run over 100,000
 # identities finds (a run of benches/side_by_side.sh): most identities seen
 # once or twice before, some buckets new, none leaving the window. Every
@@ -28,6 +30,10 @@
 #              `now` is passed (Redis TIME, the default time source, adds
 #              one call: see BENCHMARKS.md)
 #   fixed      the same with a fixed window
+#   batch      benches/decide_batch_prototype.lua: the sliding window's
+#              decisions that one connection has in flight (CLIENTS'
+#              pipeline) in one call, whatever their identities; a
+#              prototype the store does not run
 #   incumbent  envoyproxy/ratelimit's per-descriptor pattern: INCRBY key 1
 #              and EXPIRE key 3600, pipelined together
 #   (default: sliding incumbent)
@@ -76,6 +82,14 @@ for part in $parts; do
   cat "$decide/$part.lua"
   echo
 done >"$work/decide.lua"
+# The batch prototype: prelude.lua, then the prototype with sliding_window.lua
+# where its marker is.
+{
+  cat "$decide/prelude.lua"
+  echo
+  sed -e "/^-- @@ sliding_window @@\$/r $decide/sliding_window.lua" -e '/^-- @@ sliding_window @@$/d' \
+    benches/decide_batch_prototype.lua
+} >"$work/batch.lua"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -97,6 +111,7 @@ for scenario in "${scenarios[@]}"; do
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
   case "$scenario" in
     sliding | fixed) pattern=("$scenario" "$(redis-cli -p "$port" script load "$(cat "$work/decide.lua")")") ;;
+    batch) pattern=(batch "$(redis-cli -p "$port" script load "$(cat "$work/batch.lua")")") ;;
     incumbent) pattern=(incumbent) ;;
     *) echo "unknown scenario $scenario" >&2; exit 1 ;;
   esac

@@ -10,6 +10,8 @@ Usage: redis_load.py PORT PATTERN FIRST COUNT [options]
            the arguments the store sends for one descriptor of one limit
            (sliding: 6 s buckets) far from full, `now` passed
            (the store's local time mode; Redis TIME costs one more call)
+           batch SHA: benches/decide_batch_prototype.lua, each
+           connection's PIPELINE decisions in one call (the sliding limit)
            incumbent: envoyproxy/ratelimit's per-descriptor pattern,
            INCRBY key 1 and EXPIRE key 3600, pipelined together
   FIRST    the first decision's number (decisions before it were sent by
@@ -88,6 +90,8 @@ def main():
         limit = (1_000_000_000, 3_600_000, 0, 6_000)
         if a.pattern[0] == "fixed":
             limit = (1_000_000_000, 3_600_000, 1, 0)
+        if a.pattern[0] == "batch":
+            return (key, now, limit), 1
         return resp("EVALSHA", a.pattern[1], 1, key, now, "all", 0, 1, 1, *limit), 1
 
     conns = [socket.create_connection(("127.0.0.1", a.port)) for _ in range(a.connections)]
@@ -104,7 +108,15 @@ def main():
                 batch.append(data)
                 replies += r
                 n += 1
-            if batch:
+            if batch and a.pattern[0] == "batch":
+                # One call carrying them all: keys, then the first's
+                # arguments, then the others' weights.
+                keys = [key for key, _, _ in batch]
+                _, now, limit = batch[0]
+                weights = [1] * (len(keys) - 1)
+                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, "all", 0, 1, 1, *limit, *weights))
+                pending.append((f, 1))
+            elif batch:
                 c.sendall(b"".join(batch))
                 pending.append((f, replies))
         for f, replies in pending:
