@@ -44,6 +44,7 @@ mod dockerfile;
 mod docs;
 mod envoy;
 mod envoy_gateway;
+mod layering;
 mod manifests;
 mod overlays;
 mod pod;
