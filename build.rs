@@ -5,6 +5,11 @@
 //! management server in Rust. The encoded descriptor set is written next to the
 //! code for gRPC server reflection.
 //!
+//! It also sets `SLUICE_REVISION` (the commit built, from git; "unknown"
+//! outside a git checkout; `SLUICE_REVISION` in the build's environment
+//! wins) and `SLUICE_RUSTC` (the compiler's version) for the
+//! `sluice_build_info` metric.
+//!
 //! It also assembles the Redis store's decision script, `decide.lua` in
 //! `OUT_DIR`, from its parts in `src/store/redis/decide/` (one file per
 //! algorithm and the driver; `prelude.lua` says why and in what order).
@@ -50,8 +55,48 @@ fn assemble_decide(out_dir: &std::path::Path) -> std::io::Result<()> {
     fs::write(out_dir.join("decide.lua"), script)
 }
 
+/// Runs `program args` and returns its first line of output, if it ran.
+fn first_line(program: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let line = text.lines().next()?.trim().to_owned();
+    (out.status.success() && !line.is_empty()).then_some(line)
+}
+
+/// The revision and compiler for `sluice_build_info`. The build reruns when
+/// the checked-out commit moves (HEAD, the branch's ref, packed refs).
+fn build_info() {
+    println!("cargo:rerun-if-env-changed=SLUICE_REVISION");
+    let revision = env::var("SLUICE_REVISION").ok().or_else(|| {
+        for git_path in ["HEAD", "packed-refs"] {
+            if let Some(path) = first_line("git", &["rev-parse", "--git-path", git_path])
+                && std::path::Path::new(&path).exists()
+            {
+                println!("cargo:rerun-if-changed={path}");
+            }
+        }
+        if let Some(branch) = first_line("git", &["symbolic-ref", "-q", "HEAD"])
+            && let Some(path) = first_line("git", &["rev-parse", "--git-path", &branch])
+            && std::path::Path::new(&path).exists()
+        {
+            println!("cargo:rerun-if-changed={path}");
+        }
+        first_line("git", &["rev-parse", "--short=12", "HEAD"])
+    });
+    let revision = revision.unwrap_or_else(|| "unknown".to_owned());
+    println!("cargo:rustc-env=SLUICE_REVISION={revision}");
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let version = first_line(&rustc, &["--version"]).unwrap_or_else(|| "unknown".to_owned());
+    let version = version.split_whitespace().nth(1).unwrap_or("unknown");
+    println!("cargo:rustc-env=SLUICE_RUSTC={version}");
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
+    build_info();
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     assemble_decide(&out_dir)?;
 

@@ -20,6 +20,8 @@ use crate::store::{CounterStore, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::upstream::UpstreamStats;
 use crate::xds::{XdsConfig, XdsError};
 
+pub mod build;
+
 /// How often the memory store drops counters that have expired.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -68,7 +70,7 @@ enum RulesFrom {
 
 impl RulesFrom {
     fn of(settings: &Settings) -> Self {
-        match (settings.xds(), &settings.rules) {
+        match (build::xds(settings), &settings.rules) {
             (Some(xds), _) => RulesFrom::Xds(Box::new(xds)),
             (None, Some(path)) => RulesFrom::Files(RulesSource::Paths(vec![path.clone()])),
             (None, None) => RulesFrom::Files(RulesSource::Builtin),
@@ -104,7 +106,7 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let source = RulesFrom::of(settings);
     let rules = source.initial()?;
-    if let Some(tls) = settings.grpc_tls() {
+    if let Some(tls) = build::grpc_tls(settings) {
         listeners = listeners.with_grpc_tls(tls);
     }
     let (grpc, http) = (listeners.grpc_addr()?, listeners.http_addr()?);
@@ -118,7 +120,7 @@ pub async fn run(
             "sluice listening"
         );
     };
-    match settings.redis() {
+    match build::redis(settings) {
         Some(redis) => {
             let store =
                 RedisStore::connect(&redis, Arc::new(SystemClock), REDIS_CONNECT_TIMEOUT).await?;
@@ -128,6 +130,9 @@ pub async fn run(
             let count_refund_failures = |limiter: &Arc<Limiter<RedisStore>>| {
                 let failures = limiter.metrics().store_refund_failures();
                 limiter.store().count_refund_failures_in(failures);
+                limiter
+                    .store()
+                    .count_reconciliations_in(limiter.metrics().reconcile_counters());
             };
             let limiter = serve(
                 store,
@@ -142,10 +147,11 @@ pub async fn run(
             limiter.store().quit();
         }
         None => {
-            let store = MemoryStore::new(&settings.memory_store(), Arc::new(SystemClock));
+            let store = MemoryStore::new(&build::memory_store(settings), Arc::new(SystemClock));
             started("memory");
             let sweeper_stop = shutdown.clone();
             let sweeper = move |limiter: &Arc<Limiter<MemoryStore>>| {
+                limiter.store().show_in(limiter.metrics().memory_store());
                 tokio::spawn(sweep(limiter.clone(), sweeper_stop));
             };
             serve(
@@ -173,12 +179,12 @@ async fn serve<S: CounterStore>(
 ) -> Result<Arc<Limiter<S>>, StartError> {
     // Upstream-named stats: kept alive (and their sinks running) while the
     // service serves.
-    let upstream = match settings.upstream_stats() {
+    let upstream = match build::upstream_stats(settings) {
         Some(config) => Some(UpstreamStats::start(config).await?),
         None => None,
     };
     let limiter = Arc::new(
-        Limiter::with_options(rules, store, settings.limiter_options())
+        Limiter::with_options(rules, store, build::limiter_options(settings))
             .with_upstream_stats(upstream.as_ref().map(|running| running.stats.clone())),
     );
     limiter.metrics().record_rules_loaded(unix_now());
@@ -206,14 +212,14 @@ async fn serve<S: CounterStore>(
         }
     };
     started(&limiter);
-    let mut options = settings.serve_options();
+    let mut options = build::serve_options(settings);
     if let Some(limit) = open_files_limit() {
-        fit_connections(&mut options, limit, settings.redis_pool_size);
+        fit_connections(&mut options, limit, settings.redis_pool_size.get());
     }
     server::run_with(
         limiter.clone(),
         options,
-        settings.serve_extras(),
+        build::serve_extras(settings),
         listeners,
         shutdown,
     )

@@ -9,7 +9,7 @@ use clap::Parser as _;
 use sluice::cli::{CheckConfigArgs, Cli, Command, ServeArgs};
 use sluice::rules::RulesSource;
 use sluice::server::Listeners;
-use sluice::settings::Settings;
+use sluice::settings::{Loaded, Settings};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc: a decision allocates and frees many small buffers (HTTP/2
@@ -61,7 +61,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let settings = Settings::load(args.config.as_deref(), &args.flags)?;
+    let Loaded { settings, warnings } = Settings::load(args.config.as_deref(), &args.flags)?;
     // The OTLP exporter runs on the runtime: set telemetry up inside it, and
     // shut it down (flushing spans) before the runtime ends.
     let runtime = runtime()?;
@@ -70,9 +70,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         sluice::telemetry::init(
             settings.log_format,
             &settings.log_level,
-            settings.otlp().as_ref(),
+            sluice::app::build::otlp(&settings).as_ref(),
         )?
     };
+    // Logging is set up by now: name the upstream variables not honoured.
+    for line in &warnings {
+        tracing::warn!("{line}");
+    }
     let served = runtime.block_on(async {
         let listeners = Listeners::bind(settings.grpc_addr, settings.http_addr)
             .await

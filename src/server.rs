@@ -199,8 +199,6 @@ pub async fn run_with<S: CounterStore>(
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    // Logging is set up by now: name the upstream variables not honoured.
-    crate::settings::upstream::log_deferred();
     let health = health::service(limiter.clone(), shutdown.clone());
     let (routes, rls) = grpc::routes(
         limiter.clone(),

@@ -140,6 +140,9 @@ impl<S: CounterStore> Limiter<S> {
 
     /// A limiter with every option.
     pub fn with_options(rules: RuleSet, store: S, options: LimiterOptions) -> Self {
+        options
+            .metrics
+            .set_limits(observe::configured_limits(&rules));
         Self {
             loaded: ArcSwap::from_pointee(Loaded::new(rules)),
             store,
@@ -189,6 +192,7 @@ impl<S: CounterStore> Limiter<S> {
 
     /// Puts `rules` in force for every later request.
     pub fn replace_rules(&self, rules: RuleSet) {
+        self.metrics.set_limits(observe::configured_limits(&rules));
         self.loaded.store(Arc::new(Loaded::new(rules)));
         if let Some(upstream) = &self.upstream {
             upstream.config_load(true);

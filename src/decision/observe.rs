@@ -11,7 +11,7 @@ use crate::limiter::Role;
 use crate::request::Descriptor;
 use crate::rules::{Limit, Rule, RuleSet};
 use crate::store::LimitOutcome;
-use crate::telemetry::metrics::{LimitCounters, LimitEvent, LimitLabels};
+use crate::telemetry::metrics::{ConfiguredLimit, LimitCounters, LimitEvent, LimitLabels};
 
 use super::Limiter;
 use super::plan::{Limited, PlannedLimit};
@@ -129,6 +129,28 @@ impl<S> Limiter<S> {
             _ => self.metrics.record_limit(&labels(), event),
         }
     }
+}
+
+/// Every limit of `rules`, labelled as its counters are, for
+/// `sluice_limit`.
+pub(super) fn configured_limits(rules: &RuleSet) -> Vec<ConfiguredLimit> {
+    let mut out = Vec::new();
+    for domain in rules.domains() {
+        for rule in domain.rules() {
+            out.extend(rule.limits.iter().map(|limit| {
+                ConfiguredLimit {
+                    domain: domain.name().to_owned(),
+                    limit: limit
+                        .name
+                        .as_deref()
+                        .map_or_else(|| rule.path.clone(), str::to_owned),
+                    window_ms: limit.spec.window.duration_ms,
+                    requests: limit.spec.requests,
+                }
+            }));
+        }
+    }
+    out
 }
 
 /// A limit's `limit` label: its name, else its rule's path.

@@ -39,6 +39,9 @@ pub struct RlqsMetrics {
     pub streams: Gauge,
     /// Streams refused (cap reached).
     pub streams_refused: Counter,
+    /// Streams opened (accepted) so far: their rate beside `streams` shows
+    /// clients reconnecting.
+    pub streams_opened: Counter,
     /// Buckets reported by at least one stream.
     pub buckets: Gauge,
     /// Usage reports received.
@@ -59,6 +62,7 @@ impl Default for RlqsMetrics {
             registry: Registry::default(),
             streams: Gauge::default(),
             streams_refused: Counter::default(),
+            streams_opened: Counter::default(),
             buckets: Gauge::default(),
             reports: Counter::default(),
             abandons: Counter::default(),
@@ -76,6 +80,11 @@ impl Default for RlqsMetrics {
             "sluice_rlqs_streams_refused",
             "RLQS streams refused because the stream cap was reached",
             metrics.streams_refused.clone(),
+        );
+        registry.register(
+            "sluice_rlqs_streams_opened",
+            "RLQS streams accepted since the start",
+            metrics.streams_opened.clone(),
         );
         registry.register(
             "sluice_rlqs_buckets",
@@ -107,6 +116,13 @@ impl Default for RlqsMetrics {
             "The global budget of a bucket in requests per second (absent: allow-all)",
             metrics.budget.clone(),
         );
+        // At zero from the start, so a panel or an alert on their rate has
+        // data before the first assignment.
+        for kind in ["token_bucket", "allow_all", "deny_all"] {
+            metrics.assignments.get_or_create_owned(&KindLabels {
+                kind: kind.to_owned(),
+            });
+        }
         Self {
             registry,
             ..metrics

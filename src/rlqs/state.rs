@@ -118,6 +118,7 @@ impl Rlqs {
         let id = inner.next_stream;
         inner.next_stream += 1;
         inner.streams.insert(id, HashSet::new());
+        self.metrics.streams_opened.inc();
         self.metrics.streams.set(inner.streams.len() as i64);
         Ok(id)
     }

@@ -164,6 +164,7 @@ impl Future for TlsGrpcConnection {
                             // A client that does not speak TLS, or shows no
                             // certificate or one from another CA.
                             tracing::debug!(%error, "TLS handshake failed");
+                            requests.invalid.tls_handshake_failures.inc();
                             self.state = TlsState::Closed;
                             return Poll::Ready(Ok(()));
                         }

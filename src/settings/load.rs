@@ -9,8 +9,6 @@ use config::Source as _;
 
 use super::origin::{self, Origin};
 use super::{DECLARED, Secret, Settings, SettingsFlags, unsupported, upstream};
-use crate::limiter::MAX_HITS;
-use crate::telemetry::traces::OtlpProtocol;
 
 /// Why settings could not be read. Each names the one place to change —
 /// the flag, the `SLUICE_…` variable, the settings-file key or upstream's
@@ -117,10 +115,21 @@ pub fn accepted_values(name: &str) -> Vec<String> {
     }
 }
 
+/// Settings as loaded, with what the caller should log once logging is set
+/// up (loading comes first, so it cannot log itself).
+#[derive(Debug)]
+pub struct Loaded {
+    /// The settings.
+    pub settings: Settings,
+    /// One line per envoyproxy/ratelimit variable that is set but not
+    /// honoured, saying what Sluice does instead (see [`unsupported`]).
+    pub warnings: Vec<String>,
+}
+
 impl Settings {
     /// Reads the settings from `file` (if any), the process environment and
     /// `flags`.
-    pub fn load(file: Option<&Path>, flags: &SettingsFlags) -> Result<Self, SettingsError> {
+    pub fn load(file: Option<&Path>, flags: &SettingsFlags) -> Result<Loaded, SettingsError> {
         Self::load_from(file, flags, None)
     }
 
@@ -130,15 +139,16 @@ impl Settings {
         file: Option<&Path>,
         flags: &SettingsFlags,
         env: Option<config::Map<String, String>>,
-    ) -> Result<Self, SettingsError> {
+    ) -> Result<Loaded, SettingsError> {
         let mut builder = config::Config::builder();
         let mut layer = None;
+        let mut warnings = Vec::new();
         if flags.settings_from == Some(upstream::SettingsFrom::EnvoyRatelimit) {
             let vars = env.clone().unwrap_or_else(upstream::process_env);
             let upstream = upstream::layer(&vars)?;
             builder = builder.add_source(upstream.clone());
             layer = Some(upstream);
-            upstream::defer_warnings(unsupported::warnings(&vars));
+            warnings = unsupported::warnings(&vars);
         }
         let file_keys = match file {
             Some(file) => {
@@ -184,114 +194,28 @@ impl Settings {
                 None => unattributed(e),
             }
         })?;
-        // The environment source parses values that look like numbers or
-        // booleans ("007" would become "7"); a password must arrive as it is.
-        let raw = match &env {
+        settings.take_password_as_it_is(flags, env.as_ref());
+        settings.check(&sources)?;
+        Ok(Loaded { settings, warnings })
+    }
+
+    /// The environment source parses values that look like numbers or
+    /// booleans ("007" would become "7"); a password must arrive as it is.
+    /// An empty password (an empty variable) means none: no AUTH "".
+    fn take_password_as_it_is(
+        &mut self,
+        flags: &SettingsFlags,
+        env: Option<&config::Map<String, String>>,
+    ) {
+        let raw = match env {
             Some(env) => env.get("SLUICE_REDIS_PASSWORD").cloned(),
             None => std::env::var("SLUICE_REDIS_PASSWORD").ok(),
         };
         if let (None, Some(raw)) = (&flags.redis_password, raw) {
-            settings.redis_password = Some(Secret(raw));
+            self.redis_password = Some(Secret(raw));
         }
-        // An empty password (an empty variable) means none: no AUTH "".
-        if settings
-            .redis_password
-            .as_ref()
-            .is_some_and(|p| p.0.is_empty())
-        {
-            settings.redis_password = None;
+        if self.redis_password.as_ref().is_some_and(|p| p.0.is_empty()) {
+            self.redis_password = None;
         }
-        settings.check(&sources)?;
-        Ok(settings)
-    }
-
-    /// What a value of the right type can still get wrong, alone or with
-    /// another setting.
-    fn check(&self, sources: &origin::Sources) -> Result<(), SettingsError> {
-        let invalid = |setting: &str, why: String| SettingsError::Invalid {
-            setting: setting.to_owned(),
-            origin: sources.origin(setting),
-            why,
-        };
-        if self.max_hits_addend > MAX_HITS {
-            return Err(invalid(
-                "max_hits_addend",
-                format!(
-                    "above its maximum {MAX_HITS} (2^53 - 1: weights beyond it are not exact \
-                     in the Redis scripts' arithmetic)"
-                ),
-            ));
-        }
-        for (cert, key, names) in [
-            (
-                &self.grpc_tls_cert,
-                &self.grpc_tls_key,
-                ["grpc_tls_cert", "grpc_tls_key"],
-            ),
-            (
-                &self.xds_tls_cert,
-                &self.xds_tls_key,
-                ["xds_tls_cert", "xds_tls_key"],
-            ),
-            (
-                &self.redis_tls_cert,
-                &self.redis_tls_key,
-                ["redis_tls_cert", "redis_tls_key"],
-            ),
-        ] {
-            let [cert_name, key_name] = names;
-            let (set, unset) = match (cert, key) {
-                (Some(_), None) => (cert_name, key_name),
-                (None, Some(_)) => (key_name, cert_name),
-                _ => continue,
-            };
-            return Err(invalid(
-                set,
-                format!("{cert_name} and {key_name} go together, and {unset} is not set"),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.trace_sampling_ratio) {
-            return Err(invalid(
-                "trace_sampling_ratio",
-                "the share of traces to export goes from 0 (none) to 1 (all)".into(),
-            ));
-        }
-        if let Some(metadata) = &self.xds_node_metadata
-            && !matches!(
-                serde_json::from_str(metadata),
-                Ok(serde_json::Value::Object(_))
-            )
-        {
-            return Err(invalid(
-                "xds_node_metadata",
-                "expected a JSON object, e.g. {\"zone\": \"a\"}".into(),
-            ));
-        }
-        if self.otlp_protocol == OtlpProtocol::Http
-            && self
-                .otlp_endpoint
-                .as_deref()
-                .is_some_and(|e| e.starts_with("https:"))
-        {
-            return Err(SettingsError::Unsupported {
-                what: format!(
-                    "{} with {}",
-                    sources.origin("otlp_protocol"),
-                    sources.origin("otlp_endpoint")
-                ),
-                instead: "export over TLS with otlp_protocol grpc, or to an http:// endpoint",
-            });
-        }
-        if self.statsd_addr.is_some() && self.upstream_prometheus_addr.is_some() {
-            return Err(SettingsError::Unsupported {
-                what: format!(
-                    "{} together with {}",
-                    sources.origin("statsd_addr"),
-                    sources.origin("upstream_prometheus_addr")
-                ),
-                instead: "choose one upstream stats sink, as envoyproxy/ratelimit requires",
-            });
-        }
-        Ok(())
     }
 }

@@ -1,10 +1,18 @@
 //! The service's settings: one typed struct, filled from defaults, then a
 //! settings file (`--config`, TOML or YAML), then `SLUICE_…` environment
 //! variables, then command-line flags — each later source wins.
+//!
+//! Here, the declaration (`settings!`: every setting once); `load.rs` merges
+//! the sources, `check.rs` refuses what parses but is wrong, `origin.rs`
+//! names where a bad value came from; `upstream/` reads envoyproxy/ratelimit's
+//! variables as one more source, `unsupported.rs` lists those it does not
+//! honour, `reference.rs` renders the docs page. Settings are data: they
+//! import only value types, and `app/build.rs` turns them into the runtime
+//! objects (store, listeners, limiter, telemetry, xDS client).
 
 use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -13,28 +21,30 @@ use crate::headers::HeaderMode;
 use crate::limiter::Counting;
 use crate::store::{MemoryStoreConfig, RedisUrl, TimeSource};
 pub use crate::telemetry::LogFormat;
-use crate::telemetry::traces::{OtlpExport, OtlpProtocol};
+use crate::telemetry::traces::OtlpProtocol;
 
+mod check;
 mod load;
 mod origin;
 pub mod reference;
 pub mod unsupported;
 pub mod upstream;
 
-pub use load::{SettingsError, accepted_values};
+pub use load::{Loaded, SettingsError, accepted_values};
 pub use origin::Origin;
 
 /// Declares every setting exactly once — name, type, flag type and value
-/// name, default and doc line (plus upstream's env name where one exists) —
-/// and generates from it [`Settings`], its `Default`, the flags
-/// ([`SettingsFlags`], help text with the default in it) and [`DECLARED`],
-/// the table the docs are made from. `SLUICE_<NAME>` environment variables
+/// name, default and doc line — and generates from it [`Settings`], its
+/// `Default`, the flags ([`SettingsFlags`], help text with the default in
+/// it), [`DECLARED`], the table the docs are made from, and [`Key`], the
+/// settings' names as values. Upstream's variables name the setting they
+/// feed in `upstream/`. `SLUICE_<NAME>` environment variables
 /// and settings-file keys are the serde field names of [`Settings`].
 macro_rules! settings {
     ($(
         $doc:literal
         $name:ident : $ty:ty = $default:expr,
-        flag $fty:ty, $value:literal, upstream $upstream:literal;
+        flag $fty:ty, $value:literal;
     )*) => {
         /// Every setting of `sluice serve`.
         #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -77,9 +87,29 @@ macro_rules! settings {
                 ty: stringify!($ty),
                 value: $value,
                 doc: $doc,
-                upstream: $upstream,
             },
         )*];
+
+        /// Every setting's name as a value, for code that gives a setting
+        /// a value by name (the upstream layer): a name that is no setting
+        /// does not compile.
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Key {
+            $(
+                #[doc = $doc]
+                $name,
+            )*
+        }
+
+        impl Key {
+            /// The setting's name (its settings-file key).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Key::$name => stringify!($name),)*
+                }
+            }
+        }
     };
 }
 
@@ -94,8 +124,6 @@ pub struct Declared {
     pub value: &'static str,
     /// The doc line.
     pub doc: &'static str,
-    /// envoyproxy/ratelimit's environment variable for it, or "".
-    pub upstream: &'static str,
 }
 
 impl Declared {
@@ -120,6 +148,13 @@ impl Declared {
     }
 }
 
+/// `n` as a setting that must be positive (its default).
+fn nonzero<T: TryFrom<NonZeroU64>>(n: u64) -> T {
+    NonZeroU64::new(n)
+        .and_then(|n| T::try_from(n).ok())
+        .expect("a positive default that fits its type")
+}
+
 fn flag_help(doc: &str, name: &str) -> String {
     let default = DECLARED
         .iter()
@@ -129,169 +164,161 @@ fn flag_help(doc: &str, name: &str) -> String {
     format!("{doc} [default: {default}]")
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn serve() -> crate::server::ServeOptions {
-    crate::server::ServeOptions::default()
-}
-
 settings! {
     "Rules file, or directory of rules files; none serves the built-in example rules"
-    rules: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "RUNTIME_ROOT";
+    rules: Option<PathBuf> = None, flag PathBuf, "PATH";
     "gRPC listen address (RLS, health, reflection)"
-    grpc_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8081)), flag SocketAddr, "ADDR", upstream "GRPC_HOST:GRPC_PORT";
+    grpc_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8081)), flag SocketAddr, "ADDR";
     "Admin HTTP listen address"
-    http_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8080)), flag SocketAddr, "ADDR", upstream "HOST:PORT";
+    http_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8080)), flag SocketAddr, "ADDR";
     "Rate-limit headers to add to responses"
-    response_headers: HeaderMode = HeaderMode::Off, flag HeaderMode, "MODE", upstream "LIMIT_RESPONSE_HEADERS_ENABLED";
+    response_headers: HeaderMode = HeaderMode::Off, flag HeaderMode, "MODE";
     "Log format"
-    log_format: LogFormat = LogFormat::Human, flag LogFormat, "FORMAT", upstream "LOG_FORMAT";
+    log_format: LogFormat = LogFormat::Human, flag LogFormat, "FORMAT";
     "Log filter, in tracing env-filter syntax, e.g. info or sluice=debug"
-    log_level: String = "info".into(), flag String, "FILTER", upstream "LOG_LEVEL";
+    log_level: String = "info".into(), flag String, "FILTER";
     "Most counters the in-memory store keeps"
-    memory_max_keys: usize = MemoryStoreConfig::default().max_keys, flag usize, "N", upstream "";
+    memory_max_keys: usize = MemoryStoreConfig::default().max_keys, flag usize, "N";
     "Most bytes of counters the in-memory store keeps"
-    memory_max_bytes: u64 = MemoryStoreConfig::default().max_bytes, flag u64, "BYTES", upstream "";
+    memory_max_bytes: u64 = MemoryStoreConfig::default().max_bytes, flag u64, "BYTES";
     "Most descriptors in one request"
-    max_descriptors: usize = Bounds::default().max_descriptors, flag usize, "N", upstream "";
+    max_descriptors: usize = Bounds::default().max_descriptors, flag usize, "N";
     "Most entries in one descriptor"
-    max_entries: usize = Bounds::default().max_entries, flag usize, "N", upstream "";
+    max_entries: usize = Bounds::default().max_entries, flag usize, "N";
     "Longest descriptor key or value in bytes"
-    max_entry_bytes: usize = Bounds::default().max_entry_bytes, flag usize, "BYTES", upstream "";
+    max_entry_bytes: usize = Bounds::default().max_entry_bytes, flag usize, "BYTES";
     "Largest request or descriptor weight, at most 9007199254740991 (2^53 - 1)"
-    max_hits_addend: u64 = Bounds::default().max_hits_addend, flag u64, "N", upstream "";
+    max_hits_addend: u64 = Bounds::default().max_hits_addend, flag u64, "N";
     "Keep counters in Redis: redis://[user:pass@]host:port[/db], rediss://… (TLS), redis-cluster://host:port[,host:port…], redis-sentinel://host:port[,…]/service, redis+unix:///path; none keeps counters in memory"
-    redis_url: Option<RedisUrl> = None, flag String, "URL", upstream "REDIS_URL";
+    redis_url: Option<RedisUrl> = None, flag String, "URL";
     "Redis password (AUTH, or the password of the user named in the URL); replaces any password in the URL. Prefer SLUICE_REDIS_PASSWORD: a flag shows in the process list"
-    redis_password: Option<Secret> = None, flag String, "PASSWORD", upstream "REDIS_AUTH";
+    redis_password: Option<Secret> = None, flag String, "PASSWORD";
     "Redis connections per node, used round-robin; each carries many calls at once"
-    redis_pool_size: usize = 1, flag usize, "N", upstream "REDIS_POOL_SIZE";
+    redis_pool_size: NonZeroUsize = nonzero(1), flag usize, "N";
     "Longest wait for Redis per decision, in milliseconds; past it the request fails UNAVAILABLE (what it counted after all is refunded)"
-    redis_timeout_ms: u64 = 40, flag u64, "MS", upstream "REDIS_TIMEOUT";
+    redis_timeout_ms: NonZeroU64 = nonzero(40), flag u64, "MS";
     "Requests of one counter that arrive while a Redis call for it is in flight share the next call (decided in turn, exactly as separate calls would): far less work per request on a hot counter"
-    redis_coalesce: bool = true, flag bool, "BOOL", upstream "";
+    redis_coalesce: bool = true, flag bool, "BOOL";
     "Prefix of every Redis key"
-    redis_key_prefix: String = "sluice:".into(), flag String, "PREFIX", upstream "";
+    redis_key_prefix: String = "sluice:".into(), flag String, "PREFIX";
     "Clock of the Redis scripts: redis (Redis TIME, one clock for all replicas) or local (this process's clock)"
-    time_source: TimeSource = TimeSource::Redis, flag TimeSource, "SOURCE", upstream "";
+    time_source: TimeSource = TimeSource::Redis, flag TimeSource, "SOURCE";
     "After SIGTERM, how long to keep serving while reporting not ready (so Kubernetes removes the endpoint first), in milliseconds"
-    shutdown_delay_ms: u64 = 0, flag u64, "MS", upstream "";
+    shutdown_delay_ms: u64 = 0, flag u64, "MS";
     "Then, how long in-flight requests and open streams may take before the process exits, in milliseconds"
-    shutdown_grace_ms: u64 = 10_000, flag u64, "MS", upstream "";
+    shutdown_grace_ms: u64 = 10_000, flag u64, "MS";
     "What to answer when the counter store fails: unavailable (gRPC UNAVAILABLE, Envoy's failure_mode_deny decides), allow, or deny"
-    on_store_error: crate::decision::StoreErrorPolicy = crate::decision::StoreErrorPolicy::Unavailable, flag crate::decision::StoreErrorPolicy, "POLICY", upstream "";
+    on_store_error: crate::decision::StoreErrorPolicy = crate::decision::StoreErrorPolicy::Unavailable, flag crate::decision::StoreErrorPolicy, "POLICY";
     "Consecutive store failures after which the store is not called for a while (circuit breaker)"
-    breaker_failures: u32 = 5, flag u32, "N", upstream "";
+    breaker_failures: NonZeroU32 = nonzero(5), flag u32, "N";
     "... and only once they have lasted this long, in milliseconds, so one short stall failing every request in flight does not open it"
-    breaker_min_failing_ms: u64 = 500, flag u64, "MS", upstream "";
+    breaker_min_failing_ms: u64 = 500, flag u64, "MS";
     "How long the open circuit breaker refuses store calls, in milliseconds"
-    breaker_cooldown_ms: u64 = 1_000, flag u64, "MS", upstream "";
+    breaker_cooldown_ms: u64 = 1_000, flag u64, "MS";
     "Share of a limit from which admitted hits count as near the limit (metric sluice_near_limit_total)"
-    near_limit_ratio: f64 = 0.8, flag f64, "RATIO", upstream "NEAR_LIMIT_RATIO";
+    near_limit_ratio: f64 = 0.8, flag f64, "RATIO";
     "Most distinct runtime descriptor values used as metric labels (for detailed_metric / value_to_metric rules); beyond it they count as _other_"
-    metrics_max_descriptors: usize = 1_000, flag usize, "N", upstream "";
+    metrics_max_descriptors: usize = 1_000, flag usize, "N";
     "Export traces over OTLP to this endpoint, e.g. http://otel-collector:4317 (grpc) or http://otel-collector:4318 (http); none exports no traces"
-    otlp_endpoint: Option<String> = None, flag String, "URL", upstream "OTEL_EXPORTER_OTLP_ENDPOINT";
+    otlp_endpoint: Option<String> = None, flag String, "URL";
     "OTLP transport: grpc, or http (protobuf POSTed to the endpoint's /v1/traces)"
-    otlp_protocol: OtlpProtocol = OtlpProtocol::Grpc, flag OtlpProtocol, "PROTOCOL", upstream "TRACING_EXPORTER_PROTOCOL";
+    otlp_protocol: OtlpProtocol = OtlpProtocol::Grpc, flag OtlpProtocol, "PROTOCOL";
     "Share of new traces exported, 0 to 1; a caller's own sampling decision is always followed"
-    trace_sampling_ratio: f64 = 1.0, flag f64, "RATIO", upstream "TRACING_SAMPLING_RATE";
+    trace_sampling_ratio: f64 = 1.0, flag f64, "RATIO";
     "service.name of the exported traces"
-    service_name: String = "sluice".into(), flag String, "NAME", upstream "TRACING_SERVICE_NAME";
+    service_name: String = "sluice".into(), flag String, "NAME";
     "Counters known to be full are answered locally until they can take a hit again, without calling Redis; this many at most, 0 turns it off"
-    local_cache_size: usize = 100_000, flag usize, "N", upstream "LOCAL_CACHE_SIZE_IN_BYTES";
+    local_cache_size: usize = 100_000, flag usize, "N";
     "Most gRPC connections open at once; beyond it a new connection gets an HTTP/2 GOAWAY (REFUSED_STREAM) and is closed"
-    grpc_max_connections: u32 = serve().grpc_connections.max_connections, flag u32, "N", upstream "";
+    grpc_max_connections: NonZeroU32 = nonzero(10_000), flag u32, "N";
     "Most admin HTTP connections open at once; beyond it a new connection gets a 503 and is closed"
-    http_max_connections: u32 = serve().http_connections.max_connections, flag u32, "N", upstream "";
+    http_max_connections: NonZeroU32 = nonzero(1_024), flag u32, "N";
     "A new connection on either port that has not sent its handshake (the HTTP/2 preface, an HTTP request head) within this is closed, in milliseconds"
-    handshake_timeout_ms: u64 = millis(serve().grpc_connections.handshake_timeout), flag u64, "MS", upstream "";
+    handshake_timeout_ms: NonZeroU64 = nonzero(10_000), flag u64, "MS";
     "A connection on either port with no request in flight for this long is closed, in milliseconds"
-    idle_timeout_ms: u64 = millis(serve().grpc_connections.idle_timeout), flag u64, "MS", upstream "";
+    idle_timeout_ms: NonZeroU64 = nonzero(300_000), flag u64, "MS";
     "After this long (±10%) a gRPC connection gets a GOAWAY, so clients reconnect and spread over new replicas, in milliseconds; 0 never"
-    max_connection_age_ms: u64 = 1_800_000, flag u64, "MS", upstream "GRPC_MAX_CONNECTION_AGE";
+    max_connection_age_ms: u64 = 1_800_000, flag u64, "MS";
     "Then, how long its requests in flight may take before it is closed, in milliseconds"
-    max_connection_age_grace_ms: u64 = millis(serve().grpc_connections.max_age_grace), flag u64, "MS", upstream "GRPC_MAX_CONNECTION_AGE_GRACE";
+    max_connection_age_grace_ms: u64 = 30_000, flag u64, "MS";
     "Most streams open at once on one gRPC connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)"
-    grpc_max_concurrent_streams: u32 = serve().grpc.max_concurrent_streams, flag u32, "N", upstream "";
+    grpc_max_concurrent_streams: NonZeroU32 = nonzero(100), flag u32, "N";
     "Largest gRPC request message in bytes; larger ones are refused RESOURCE_EXHAUSTED"
-    grpc_max_request_bytes: usize = serve().grpc.max_request_bytes, flag usize, "BYTES", upstream "";
+    grpc_max_request_bytes: NonZeroUsize = nonzero(64 << 10), flag usize, "BYTES";
     "How long a request on either port may take to arrive and be answered; past it gRPC answers DEADLINE_EXCEEDED and HTTP 408, in milliseconds"
-    request_timeout_ms: u64 = millis(serve().grpc.request_timeout), flag u64, "MS", upstream "";
+    request_timeout_ms: NonZeroU64 = nonzero(5_000), flag u64, "MS";
     "Which debits a limit counts unless its rule says: admitted (only hits of admitted requests) or always (every hit, upstream's behaviour)"
-    counting: Counting = Counting::Admitted, flag Counting, "MODE", upstream "";
+    counting: Counting = Counting::Admitted, flag Counting, "MODE";
     "Decide and count as usual but always answer OK (over-limit decisions only show in metrics and logs)"
-    shadow_mode: bool = false, flag bool, "BOOL", upstream "SHADOW_MODE";
+    shadow_mode: bool = false, flag bool, "BOOL";
     "Treat every enforcing descriptor as a quota_mode one (upstream's global QUOTA_MODE)"
-    quota_mode: bool = false, flag bool, "BOOL", upstream "QUOTA_MODE";
+    quota_mode: bool = false, flag bool, "BOOL";
     "Fill the response's dynamic metadata as upstream's RESPONSE_DYNAMIC_METADATA does, with the rules' metadata"
-    response_dynamic_metadata: bool = false, flag bool, "BOOL", upstream "RESPONSE_DYNAMIC_METADATA";
+    response_dynamic_metadata: bool = false, flag bool, "BOOL";
     "Give a refusal an application/problem+json raw_body that Envoy sends with its 429"
-    problem_json_body: bool = false, flag bool, "BOOL", upstream "";
+    problem_json_body: bool = false, flag bool, "BOOL";
     "Serve GET and DELETE /counters on the admin port (inspect and reset one counter)"
-    admin_counters: bool = false, flag bool, "BOOL", upstream "";
+    admin_counters: bool = false, flag bool, "BOOL";
     "Serve gRPC over TLS with this certificate (PEM); needs grpc_tls_key"
-    grpc_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "GRPC_SERVER_TLS_CERT";
+    grpc_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH";
     "Private key (PEM) of grpc_tls_cert"
-    grpc_tls_key: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "GRPC_SERVER_TLS_KEY";
+    grpc_tls_key: Option<PathBuf> = None, flag PathBuf, "PATH";
     "Require gRPC clients to present a certificate signed by this CA (PEM)"
-    grpc_tls_ca_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "GRPC_SERVER_TLS_CA_CERT";
+    grpc_tls_ca_cert: Option<PathBuf> = None, flag PathBuf, "PATH";
     "Take rules from this xDS server (host:port or URL) instead of files"
-    xds_server: Option<String> = None, flag String, "ADDR", upstream "CONFIG_GRPC_XDS_SERVER_URL";
+    xds_server: Option<String> = None, flag String, "ADDR";
     "Node id sent to the xDS server"
-    xds_node_id: String = "default".into(), flag String, "ID", upstream "CONFIG_GRPC_XDS_NODE_ID";
+    xds_node_id: String = "default".into(), flag String, "ID";
     "Node metadata sent to the xDS server, a JSON object"
-    xds_node_metadata: Option<String> = None, flag String, "JSON", upstream "CONFIG_GRPC_XDS_NODE_METADATA";
+    xds_node_metadata: Option<String> = None, flag String, "JSON";
     "Connect to the xDS server over TLS"
-    xds_tls: bool = false, flag bool, "BOOL", upstream "CONFIG_GRPC_XDS_SERVER_USE_TLS";
+    xds_tls: bool = false, flag bool, "BOOL";
     "Client certificate (PEM) for the xDS server; needs xds_tls_key"
-    xds_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "CONFIG_GRPC_XDS_CLIENT_TLS_CERT";
+    xds_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH";
     "Private key (PEM) of xds_tls_cert"
-    xds_tls_key: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "CONFIG_GRPC_XDS_CLIENT_TLS_KEY";
+    xds_tls_key: Option<PathBuf> = None, flag PathBuf, "PATH";
     "CA (PEM) the xDS server's certificate must chain to"
-    xds_tls_ca_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "CONFIG_GRPC_XDS_SERVER_TLS_CACERT";
+    xds_tls_ca_cert: Option<PathBuf> = None, flag PathBuf, "PATH";
     "Name the xDS server's certificate must carry (SAN)"
-    xds_tls_san: Option<String> = None, flag String, "NAME", upstream "CONFIG_GRPC_XDS_SERVER_TLS_SAN";
+    xds_tls_san: Option<String> = None, flag String, "NAME";
     "First wait before reconnecting to the xDS server, in milliseconds"
-    xds_backoff_initial_ms: u64 = 10_000, flag u64, "MS", upstream "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL";
+    xds_backoff_initial_ms: u64 = 10_000, flag u64, "MS";
     "Longest wait before reconnecting to the xDS server, in milliseconds"
-    xds_backoff_max_ms: u64 = 60_000, flag u64, "MS", upstream "XDS_CLIENT_BACKOFF_MAX_INTERVAL";
+    xds_backoff_max_ms: u64 = 60_000, flag u64, "MS";
     "Random share of each reconnect wait (0 to 1)"
-    xds_backoff_random_factor: f64 = 0.5, flag f64, "RATIO", upstream "XDS_CLIENT_BACKOFF_RANDOM_FACTOR";
+    xds_backoff_random_factor: f64 = 0.5, flag f64, "RATIO";
     "Randomize reconnect waits"
-    xds_backoff_jitter: bool = true, flag bool, "BOOL", upstream "XDS_CLIENT_BACKOFF_JITTER";
+    xds_backoff_jitter: bool = true, flag bool, "BOOL";
     "Largest xDS message accepted, in bytes"
-    xds_max_message_bytes: usize = 4 << 20, flag usize, "BYTES", upstream "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES";
+    xds_max_message_bytes: usize = 4 << 20, flag usize, "BYTES";
     "Serve before the first rules arrive from xDS (with no rules: every request OK)"
-    force_start_without_initial_config: bool = false, flag bool, "BOOL", upstream "FORCE_START_WITHOUT_INITIAL_CONFIG";
+    force_start_without_initial_config: bool = false, flag bool, "BOOL";
     "Send upstream-named stats to this statsd host:port"
-    statsd_addr: Option<String> = None, flag String, "ADDR", upstream "STATSD_HOST:STATSD_PORT";
+    statsd_addr: Option<String> = None, flag String, "ADDR";
     "Serve upstream-named Prometheus metrics on this address"
-    upstream_prometheus_addr: Option<SocketAddr> = None, flag SocketAddr, "ADDR", upstream "PROMETHEUS_ADDR";
+    upstream_prometheus_addr: Option<SocketAddr> = None, flag SocketAddr, "ADDR";
     "Path of the upstream-named Prometheus metrics"
-    upstream_prometheus_path: String = "/metrics".into(), flag String, "PATH", upstream "PROMETHEUS_PATH";
+    upstream_prometheus_path: String = "/metrics".into(), flag String, "PATH";
     "statsd_exporter mapping file that renames the upstream-named metrics"
-    prometheus_mapper: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "PROMETHEUS_MAPPER_YAML";
+    prometheus_mapper: Option<PathBuf> = None, flag PathBuf, "PATH";
     "Send statsd lines over UDP instead of TCP (gostats' default)"
-    statsd_udp: bool = false, flag bool, "BOOL", upstream "STATSD_PROTOCOL";
+    statsd_udp: bool = false, flag bool, "BOOL";
     "How often stats are flushed to statsd, in milliseconds"
-    stats_flush_interval_ms: u64 = 10_000, flag u64, "MS", upstream "STATS_FLUSH_INTERVAL";
+    stats_flush_interval_ms: NonZeroU64 = nonzero(10_000), flag u64, "MS";
     "Address of the debug listener (/rlconfig); none serves none. It has the admin port's handshake and idle timeouts and at most 64 connections"
-    debug_addr: Option<SocketAddr> = None, flag SocketAddr, "ADDR", upstream "DEBUG_HOST:DEBUG_PORT";
+    debug_addr: Option<SocketAddr> = None, flag SocketAddr, "ADDR";
     "Client certificate (PEM) for Redis over TLS; needs redis_tls_key"
-    redis_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "REDIS_TLS_CLIENT_CERT";
+    redis_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH";
     "Private key (PEM) of redis_tls_cert"
-    redis_tls_key: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "REDIS_TLS_CLIENT_KEY";
+    redis_tls_key: Option<PathBuf> = None, flag PathBuf, "PATH";
     "CA (PEM) Redis's certificate must chain to"
-    redis_tls_ca_cert: Option<PathBuf> = None, flag PathBuf, "PATH", upstream "REDIS_TLS_CACERT";
+    redis_tls_ca_cert: Option<PathBuf> = None, flag PathBuf, "PATH";
     "Accept a Redis certificate whose name does not match the host"
-    redis_tls_skip_hostname_verification: bool = false, flag bool, "BOOL", upstream "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION";
+    redis_tls_skip_hostname_verification: bool = false, flag bool, "BOOL";
     "A second Redis for per-second limits (same URL forms as redis_url); none keeps them with the others"
-    redis_per_second_url: Option<RedisUrl> = None, flag String, "URL", upstream "REDIS_PERSECOND_URL";
+    redis_per_second_url: Option<RedisUrl> = None, flag String, "URL";
     "/healthcheck answers 200 only once rules are loaded (otherwise from start-up, as soon as the store was reached)"
-    healthy_with_config_loaded: bool = false, flag bool, "BOOL", upstream "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED";
+    healthy_with_config_loaded: bool = false, flag bool, "BOOL";
 }
 
 /// A secret setting: its value never appears in `Debug` output (logs).
@@ -312,684 +339,5 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-impl Settings {
-    /// The xDS client's settings, when rules come from a management server.
-    pub fn xds(&self) -> Option<crate::xds::XdsConfig> {
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        Some(crate::xds::XdsConfig {
-            xds_server: self.xds_server.clone()?,
-            xds_node_id: self.xds_node_id.clone(),
-            xds_node_metadata: self.xds_node_metadata.clone().unwrap_or_default(),
-            xds_tls: self.xds_tls,
-            xds_tls_cert: path(&self.xds_tls_cert),
-            xds_tls_key: path(&self.xds_tls_key),
-            xds_tls_ca_cert: path(&self.xds_tls_ca_cert),
-            xds_tls_san: self.xds_tls_san.clone(),
-            xds_backoff_initial_ms: self.xds_backoff_initial_ms,
-            xds_backoff_max_ms: self.xds_backoff_max_ms,
-            xds_backoff_random_factor: self.xds_backoff_random_factor,
-            xds_backoff_jitter: self.xds_backoff_jitter,
-            xds_max_message_bytes: self.xds_max_message_bytes,
-            force_start_without_initial_config: self.force_start_without_initial_config,
-        })
-    }
-
-    /// What responses carry besides the decision.
-    pub fn serve_extras(&self) -> crate::server::ServeExtras {
-        crate::server::ServeExtras {
-            dynamic_metadata: self.response_dynamic_metadata,
-            problem_body: self.problem_json_body,
-            admin_counters: self.admin_counters,
-        }
-    }
-
-    /// TLS on the gRPC listener, when a certificate is set.
-    pub fn grpc_tls(&self) -> Option<crate::server::TlsFiles> {
-        Some(crate::server::TlsFiles {
-            cert: self.grpc_tls_cert.clone()?,
-            key: self.grpc_tls_key.clone()?,
-            ca: self.grpc_tls_ca_cert.clone(),
-        })
-    }
-
-    /// Upstream-named stats, when a sink is set.
-    pub fn upstream_stats(
-        &self,
-    ) -> Option<crate::telemetry::upstream::statsd::UpstreamStatsConfig> {
-        use crate::telemetry::upstream::statsd::{Protocol, UpstreamStatsConfig};
-        if self.statsd_addr.is_none() && self.upstream_prometheus_addr.is_none() {
-            return None;
-        }
-        Some(UpstreamStatsConfig {
-            statsd_addr: self.statsd_addr.clone(),
-            statsd_protocol: if self.statsd_udp {
-                Protocol::Udp
-            } else {
-                Protocol::Tcp
-            },
-            upstream_prometheus_addr: self.upstream_prometheus_addr,
-            upstream_prometheus_path: self.upstream_prometheus_path.clone(),
-            prometheus_mapper: self.prometheus_mapper.clone(),
-            stats_flush_interval_ms: self.stats_flush_interval_ms.max(1),
-            // Six series per stats key, as many keys as Sluice's own
-            // metrics label.
-            max_names: self.metrics_max_descriptors.saturating_mul(6).max(1_000),
-        })
-    }
-
-    /// Where traces go, when an OTLP endpoint is set.
-    pub fn otlp(&self) -> Option<OtlpExport> {
-        self.otlp_endpoint.as_ref().map(|endpoint| OtlpExport {
-            endpoint: endpoint.clone(),
-            protocol: self.otlp_protocol,
-            service_name: self.service_name.clone(),
-            sampling_ratio: self.trace_sampling_ratio,
-        })
-    }
-
-    /// The Redis store settings, when a Redis URL is set.
-    pub fn redis(&self) -> Option<crate::store::RedisStoreConfig> {
-        // `redis_password` keeps the password out of the URLs (a Secret).
-        let with_password = |url: &RedisUrl| match &self.redis_password {
-            Some(password) => url.with_password(password.expose()),
-            None => url.clone(),
-        };
-        self.redis_url
-            .as_ref()
-            .map(|url| crate::store::RedisStoreConfig {
-                url: with_password(url),
-                per_second_url: self.redis_per_second_url.as_ref().map(with_password),
-                tls: crate::store::RedisTls {
-                    ca: self.redis_tls_ca_cert.clone(),
-                    client: self.redis_tls_cert.clone().zip(self.redis_tls_key.clone()),
-                    skip_hostname_verification: self.redis_tls_skip_hostname_verification,
-                },
-                pool_size: self.redis_pool_size,
-                timeout: std::time::Duration::from_millis(self.redis_timeout_ms.max(1)),
-                key_prefix: self.redis_key_prefix.clone(),
-                time: self.time_source,
-                breaker: Some(self.breaker()),
-                coalesce: self.redis_coalesce,
-            })
-    }
-
-    /// The in-memory store's settings.
-    pub fn memory_store(&self) -> MemoryStoreConfig {
-        MemoryStoreConfig {
-            max_keys: self.memory_max_keys,
-            max_bytes: self.memory_max_bytes,
-            ..MemoryStoreConfig::default()
-        }
-    }
-
-    /// How the listeners behave.
-    pub fn serve_options(&self) -> crate::server::ServeOptions {
-        use crate::server::{ConnLimits, GrpcLimits};
-        let connections = |max_connections: u32| ConnLimits {
-            // A listener that takes no connection at all serves nothing.
-            max_connections: max_connections.max(1),
-            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms.max(1)),
-            idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
-            max_age: None,
-            max_age_grace: Duration::from_millis(self.max_connection_age_grace_ms),
-        };
-        crate::server::ServeOptions {
-            headers: self.response_headers,
-            shutdown_delay: Duration::from_millis(self.shutdown_delay_ms),
-            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
-            grpc: GrpcLimits {
-                max_concurrent_streams: self.grpc_max_concurrent_streams.max(1),
-                max_request_bytes: self.grpc_max_request_bytes.max(1),
-                request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
-            },
-            grpc_connections: ConnLimits {
-                max_age: (self.max_connection_age_ms > 0)
-                    .then(|| Duration::from_millis(self.max_connection_age_ms)),
-                ..connections(self.grpc_max_connections)
-            },
-            http_connections: connections(self.http_max_connections),
-            debug_addr: self.debug_addr,
-            healthy_with_config_loaded: self.healthy_with_config_loaded,
-        }
-    }
-
-    /// The limiter's options, with a fresh metrics registry.
-    pub fn limiter_options(&self) -> crate::decision::LimiterOptions {
-        let metrics =
-            crate::telemetry::metrics::Metrics::new(crate::telemetry::metrics::MetricsConfig {
-                near_limit_ratio: self.near_limit_ratio,
-                max_descriptor_labels: self.metrics_max_descriptors,
-            });
-        crate::decision::LimiterOptions {
-            bounds: self.bounds(),
-            on_store_error: self.on_store_error,
-            metrics: std::sync::Arc::new(metrics),
-            // Only a remote store saves anything by answering locally.
-            local_cache: if self.redis_url.is_some() {
-                self.local_cache_size
-            } else {
-                0
-            },
-            clock: std::sync::Arc::new(crate::limiter::SystemClock),
-            counting: self.counting,
-            shadow_mode: self.shadow_mode,
-            quota_mode: self.quota_mode,
-        }
-    }
-
-    /// The circuit breaker's settings.
-    pub fn breaker(&self) -> crate::store::BreakerConfig {
-        crate::store::BreakerConfig {
-            failures: self.breaker_failures.max(1),
-            min_failing: std::time::Duration::from_millis(self.breaker_min_failing_ms),
-            cooldown: std::time::Duration::from_millis(self.breaker_cooldown_ms),
-        }
-    }
-
-    /// The request bounds.
-    pub fn bounds(&self) -> Bounds {
-        Bounds {
-            max_descriptors: self.max_descriptors,
-            max_entries: self.max_entries,
-            max_entry_bytes: self.max_entry_bytes,
-            max_hits_addend: self.max_hits_addend,
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limiter::MAX_HITS;
-
-    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
-        Some(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
-    }
-
-    #[test]
-    fn defaults_apply_when_nothing_is_set() {
-        let s = Settings::load_from(None, &SettingsFlags::default(), env(&[])).unwrap();
-        assert_eq!(s, Settings::default());
-        assert_eq!(s.grpc_addr.port(), 8081);
-        assert_eq!(s.http_addr.port(), 8080);
-    }
-
-    #[test]
-    fn the_memory_store_defaults_are_the_stores_own_and_can_be_set() {
-        use clap::CommandFactory as _;
-        let s = Settings::default();
-        let store = MemoryStoreConfig::default();
-        assert_eq!(
-            (s.memory_max_keys, s.memory_max_bytes),
-            (250_000, 128 << 20)
-        );
-        assert_eq!(
-            (s.memory_max_keys, s.memory_max_bytes),
-            (store.max_keys, store.max_bytes)
-        );
-        // The flags' help states the same numbers.
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            flags: SettingsFlags,
-        }
-        let help = Cli::command().render_help().to_string();
-        assert!(help.contains("[default: 250000]"), "{help}");
-        assert!(help.contains("[default: 134217728]"), "{help}");
-
-        let s = Settings::load_from(
-            None,
-            &SettingsFlags::default(),
-            env(&[
-                ("SLUICE_MEMORY_MAX_KEYS", "1000"),
-                ("SLUICE_MEMORY_MAX_BYTES", "1048576"),
-            ]),
-        )
-        .unwrap();
-        let config = s.memory_store();
-        assert_eq!((config.max_keys, config.max_bytes), (1_000, 1 << 20));
-    }
-
-    #[test]
-    fn file_then_env_then_flags_each_win() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("sluice.toml");
-        std::fs::write(
-            &file,
-            "grpc_addr = \"127.0.0.1:1000\"\nmax_entries = 3\nlog_level = \"debug\"\n",
-        )
-        .unwrap();
-        let flags = SettingsFlags {
-            max_entries: Some(5),
-            ..Default::default()
-        };
-        let s = Settings::load_from(
-            Some(&file),
-            &flags,
-            env(&[
-                ("SLUICE_GRPC_ADDR", "127.0.0.1:2000"),
-                ("SLUICE_RESPONSE_HEADERS", "ietf"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(s.grpc_addr.port(), 2000);
-        assert_eq!(s.max_entries, 5);
-        assert_eq!(s.log_level, "debug");
-        assert_eq!(s.response_headers, HeaderMode::Ietf);
-    }
-
-    #[test]
-    fn a_typo_in_the_settings_file_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("sluice.toml");
-        std::fs::write(&file, "grpc_adr = \"127.0.0.1:1000\"\n").unwrap();
-        let err =
-            Settings::load_from(Some(&file), &SettingsFlags::default(), env(&[])).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            text.contains("unknown setting 'grpc_adr'") && text.contains("grpc_addr"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn a_redis_password_from_the_environment_goes_into_the_url_and_not_the_logs() {
-        let s = Settings::load_from(
-            None,
-            &SettingsFlags::default(),
-            env(&[
-                ("SLUICE_REDIS_URL", "redis-cluster://alice:@a:7000,b:7001"),
-                ("SLUICE_REDIS_PASSWORD", "p@ss:w/rd"),
-            ]),
-        )
-        .unwrap();
-        let redis = s.redis().expect("a Redis store");
-        assert_eq!(
-            redis.url.expose(),
-            "redis-cluster://alice:p%40ss%3Aw%2Frd@a:7000,b:7001"
-        );
-        assert!(!format!("{s:?}").contains("p@ss"), "{s:?}");
-    }
-
-    #[test]
-    fn a_redis_password_that_looks_like_a_number_arrives_as_it_is() {
-        let load = |password: &str| {
-            Settings::load_from(
-                None,
-                &SettingsFlags::default(),
-                env(&[
-                    ("SLUICE_REDIS_URL", "redis://h:1"),
-                    ("SLUICE_REDIS_PASSWORD", password),
-                ]),
-            )
-            .unwrap()
-        };
-        for password in ["007", "TRUE", "1e3", " 42"] {
-            let s = load(password);
-            assert_eq!(
-                s.redis_password.as_ref().map(Secret::expose),
-                Some(password)
-            );
-        }
-        // An empty variable is no password at all (no AUTH "").
-        assert_eq!(load("").redis_password, None);
-        assert_eq!(load("").redis().unwrap().url.expose(), "redis://h:1");
-        // A flag still wins over the environment.
-        let flags = SettingsFlags {
-            redis_password: Some("from-flag".into()),
-            ..Default::default()
-        };
-        let s =
-            Settings::load_from(None, &flags, env(&[("SLUICE_REDIS_PASSWORD", "007")])).unwrap();
-        assert_eq!(
-            s.redis_password.as_ref().map(Secret::expose),
-            Some("from-flag")
-        );
-    }
-
-    #[test]
-    fn kubernetes_service_variables_are_ignored() {
-        let s = Settings::load_from(
-            None,
-            &SettingsFlags::default(),
-            env(&[
-                ("SLUICE_SERVICE_HOST", "10.0.0.1"),
-                ("SLUICE_PORT", "tcp://10.0.0.1:8081"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(s, Settings::default());
-    }
-
-    #[test]
-    fn the_redis_password_never_shows_in_debug_output() {
-        let s = Settings::load_from(
-            None,
-            &SettingsFlags::default(),
-            env(&[("SLUICE_REDIS_URL", "redis://app:hunter2@redis:6379")]),
-        )
-        .unwrap();
-        let shown = format!("{s:?}");
-        assert!(shown.contains("redis://app:***@redis:6379"), "{shown}");
-        assert!(!shown.contains("hunter2"));
-        assert_eq!(
-            s.redis().unwrap().url.expose(),
-            "redis://app:hunter2@redis:6379"
-        );
-    }
-
-    #[test]
-    fn a_max_hits_addend_beyond_exact_arithmetic_is_refused() {
-        for value in [u64::MAX, MAX_HITS + 1] {
-            let flags = SettingsFlags {
-                max_hits_addend: Some(value),
-                ..SettingsFlags::default()
-            };
-            let err = Settings::load_from(None, &flags, env(&[])).unwrap_err();
-            assert_eq!(
-                err.to_string(),
-                format!(
-                    "invalid --max-hits-addend \"{value}\": above its maximum 9007199254740991 \
-                     (2^53 - 1: weights beyond it are not exact in the Redis scripts' arithmetic)"
-                )
-            );
-        }
-        let err = Settings::load_from(
-            None,
-            &SettingsFlags::default(),
-            env(&[("SLUICE_MAX_HITS_ADDEND", "18446744073709551615")]),
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("invalid SLUICE_MAX_HITS_ADDEND=\"18446744073709551615\": above"),
-            "{err}"
-        );
-        let flags = SettingsFlags {
-            max_hits_addend: Some(MAX_HITS),
-            ..SettingsFlags::default()
-        };
-        let s = Settings::load_from(None, &flags, env(&[])).unwrap();
-        assert_eq!(s.bounds().max_hits_addend, MAX_HITS);
-    }
-
-    #[test]
-    fn connection_settings_reach_the_listeners() {
-        let s = Settings::load_from(
-            None,
-            &SettingsFlags::default(),
-            env(&[
-                ("SLUICE_GRPC_MAX_CONNECTIONS", "7"),
-                ("SLUICE_MAX_CONNECTION_AGE_MS", "0"),
-                ("SLUICE_GRPC_MAX_REQUEST_BYTES", "1024"),
-                ("SLUICE_IDLE_TIMEOUT_MS", "2000"),
-            ]),
-        )
-        .unwrap();
-        let options = s.serve_options();
-        assert_eq!(options.grpc_connections.max_connections, 7);
-        assert_eq!(options.grpc_connections.max_age, None, "0 turns it off");
-        assert_eq!(options.grpc.max_request_bytes, 1024);
-        assert_eq!(
-            options.http_connections.idle_timeout,
-            Duration::from_secs(2)
-        );
-        assert_eq!(
-            Settings::default().serve_options().grpc_connections.max_age,
-            Some(Duration::from_secs(1_800))
-        );
-    }
-
-    #[test]
-    fn a_bad_value_is_one_line_naming_where_it_came_from_and_the_value() {
-        let bad = |pairs: &[(&str, &str)]| {
-            let err = Settings::load_from(None, &SettingsFlags::default(), env(pairs))
-                .expect_err("a bad value");
-            assert!(std::error::Error::source(&err).is_none(), "{err}");
-            err.to_string()
-        };
-        assert_eq!(
-            bad(&[("SLUICE_GRPC_ADDR", "abc")]),
-            "invalid SLUICE_GRPC_ADDR=\"abc\": invalid socket address syntax"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_MAX_ENTRIES", "-3")]),
-            "invalid SLUICE_MAX_ENTRIES=\"-3\": expected a whole number, 0 or more"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_LOG_FORMAT", "xml")]),
-            "invalid SLUICE_LOG_FORMAT=\"xml\": expected one of human, json"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_SHADOW_MODE", "maybe")]),
-            "invalid SLUICE_SHADOW_MODE=\"maybe\": expected true or false"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_TRACE_SAMPLING_RATIO", "2")]),
-            "invalid SLUICE_TRACE_SAMPLING_RATIO=\"2\": the share of traces to export goes \
-             from 0 (none) to 1 (all)"
-        );
-        assert_eq!(
-            bad(&[("SLUICE_XDS_NODE_METADATA", "zone:a")]),
-            "invalid SLUICE_XDS_NODE_METADATA=\"zone:a\": expected a JSON object, e.g. {\"zone\": \"a\"}"
-        );
-        // The settings file: its key, the value and the file.
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("sluice.toml");
-        std::fs::write(&file, "grpc_addr = \"abc\"\n").unwrap();
-        let err = Settings::load_from(Some(&file), &SettingsFlags::default(), env(&[]))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            err,
-            format!(
-                "invalid grpc_addr = \"abc\" in {}: invalid socket address syntax",
-                file.display()
-            )
-        );
-        // A variable wins over the file, and so is the one named.
-        let err = Settings::load_from(
-            Some(&file),
-            &SettingsFlags::default(),
-            env(&[("SLUICE_GRPC_ADDR", "def")]),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.starts_with("invalid SLUICE_GRPC_ADDR=\"def\""), "{err}");
-        let err = Settings::load_from(
-            Some(&dir.path().join("missing.toml")),
-            &SettingsFlags::default(),
-            env(&[]),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.starts_with("settings file: ") && err.contains("missing.toml"),
-            "{err}"
-        );
-    }
-}
-
-#[cfg(test)]
-mod declaration_tests {
-    use super::*;
-    use clap::CommandFactory as _;
-    use std::path::Path;
-
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        flags: SettingsFlags,
-    }
-
-    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
-        Some(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
-    }
-
-    #[test]
-    fn every_setting_is_declared_once_with_flag_env_and_doc() {
-        let defaults = serde_json::to_value(Settings::default()).unwrap();
-        let fields: Vec<&String> = defaults.as_object().unwrap().keys().collect();
-        assert_eq!(fields.len(), DECLARED.len());
-        let help = Cli::command().render_long_help().to_string();
-        let mut seen = std::collections::HashSet::new();
-        for d in DECLARED {
-            assert!(seen.insert(d.name), "{} declared twice", d.name);
-            assert!(fields.contains(&&d.name.to_string()), "{}", d.name);
-            assert!(!d.doc.is_empty(), "{} has no doc", d.name);
-            assert!(help.contains(&d.flag()), "{} has no flag", d.name);
-            assert!(
-                help.contains(&format!("[default: {}]", d.default_text())),
-                "{}",
-                d.name
-            );
-        }
-    }
-
-    #[test]
-    fn a_new_setting_reads_from_env_and_the_flag_wins() {
-        use clap::Parser as _;
-        let cli = Cli::parse_from(["x", "--counting", "admitted", "--xds-backoff-max-ms", "5"]);
-        let s = Settings::load_from(
-            None,
-            &cli.flags,
-            env(&[
-                ("SLUICE_COUNTING", "always"),
-                ("SLUICE_SHADOW_MODE", "true"),
-                ("SLUICE_XDS_SERVER", "eg:18001"),
-                ("SLUICE_XDS_BACKOFF_MAX_MS", "9"),
-                ("SLUICE_DEBUG_ADDR", "127.0.0.1:6070"),
-                ("SLUICE_XDS_TLS", "true"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(s.counting, Counting::Admitted);
-        assert!(s.shadow_mode);
-        assert_eq!(s.xds_server.as_deref(), Some("eg:18001"));
-        assert_eq!(s.xds_backoff_max_ms, 5);
-        assert_eq!(s.debug_addr, Some(SocketAddr::from(([127, 0, 0, 1], 6070))));
-        assert!(s.xds_tls);
-        assert_eq!(Settings::default().counting, Counting::Admitted);
-    }
-
-    #[test]
-    fn both_upstream_stats_sinks_at_once_stop_start_up() {
-        use clap::Parser as _;
-        let cli = Cli::parse_from(["x"]);
-        let vars = [
-            ("SLUICE_STATSD_ADDR", "statsd:8125"),
-            ("SLUICE_UPSTREAM_PROMETHEUS_ADDR", "0.0.0.0:19001"),
-        ];
-        let error = Settings::load_from(None, &cli.flags, env(&vars)).unwrap_err();
-        assert!(
-            matches!(error, SettingsError::Unsupported { .. }),
-            "{error}"
-        );
-    }
-
-    #[test]
-    fn redis_tls_files_and_the_per_second_redis_reach_the_store() {
-        let vars = [
-            ("SLUICE_REDIS_URL", "rediss://r:6380"),
-            ("SLUICE_REDIS_PASSWORD", "pw"),
-            ("SLUICE_REDIS_PER_SECOND_URL", "rediss://ps:6380"),
-            ("SLUICE_REDIS_TLS_CA_CERT", "/ca.pem"),
-            ("SLUICE_REDIS_TLS_CERT", "/c.pem"),
-            ("SLUICE_REDIS_TLS_KEY", "/k.pem"),
-            ("SLUICE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
-        ];
-        let s = Settings::load_from(None, &SettingsFlags::default(), env(&vars)).unwrap();
-        let redis = s.redis().expect("a Redis store");
-        assert_eq!(
-            redis.tls,
-            crate::store::RedisTls {
-                ca: Some("/ca.pem".into()),
-                client: Some(("/c.pem".into(), "/k.pem".into())),
-                skip_hostname_verification: true,
-            }
-        );
-        // The password reaches both Redis servers.
-        let per_second = redis.per_second_url.expect("a per-second Redis");
-        assert_eq!(per_second.expose(), "rediss://:pw@ps:6380");
-        assert_eq!(redis.url.expose(), "rediss://:pw@r:6380");
-    }
-
-    #[test]
-    fn a_certificate_without_its_key_is_an_error() {
-        for var in [
-            "SLUICE_GRPC_TLS_CERT",
-            "SLUICE_XDS_TLS_KEY",
-            "SLUICE_REDIS_TLS_CERT",
-        ] {
-            let err = Settings::load_from(None, &SettingsFlags::default(), env(&[(var, "/x.pem")]))
-                .unwrap_err();
-            let text = err.to_string();
-            assert!(
-                text.starts_with(&format!("invalid {var}=\"/x.pem\": "))
-                    && text.contains("go together"),
-                "{text}"
-            );
-        }
-    }
-
-    #[test]
-    fn upstream_variables_are_a_layer_under_sluices_own() {
-        let flags = SettingsFlags {
-            settings_from: Some(upstream::SettingsFrom::EnvoyRatelimit),
-            max_entries: Some(7),
-            ..Default::default()
-        };
-        let s = Settings::load_from(
-            None,
-            &flags,
-            env(&[
-                ("PORT", "9000"),
-                ("GRPC_PORT", "9001"),
-                ("REDIS_SOCKET_TYPE", "tcp"),
-                ("REDIS_URL", "redis:6379"),
-                ("REDIS_AUTH", "007"),
-                ("REDIS_TIMEOUT", "1m30s"),
-                ("USE_STATSD", "false"),
-                ("LOG_LEVEL", "INFO"),
-                ("SHADOW_MODE", "true"),
-                ("SLUICE_GRPC_ADDR", "127.0.0.1:2000"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(s.http_addr, SocketAddr::from(([0, 0, 0, 0], 9000)));
-        assert_eq!(s.grpc_addr, SocketAddr::from(([127, 0, 0, 1], 2000)));
-        assert_eq!(s.debug_addr, Some(SocketAddr::from(([0, 0, 0, 0], 6070))));
-        assert_eq!(s.counting, Counting::Always);
-        assert_eq!(s.redis_timeout_ms, 90_000);
-        assert_eq!(s.redis_pool_size, 1);
-        assert_eq!(s.log_level, "info");
-        assert!(s.shadow_mode);
-        assert_eq!(s.statsd_addr, None);
-        assert_eq!(s.max_entries, 7);
-        assert_eq!(
-            s.rules.as_deref(),
-            Some(Path::new("/srv/runtime_data/current/config"))
-        );
-        assert_eq!(s.redis().unwrap().url.expose(), "redis://:007@redis:6379");
-        // SLUICE_COUNTING still wins.
-        let s = Settings::load_from(None, &flags, env(&[("SLUICE_COUNTING", "admitted")])).unwrap();
-        assert_eq!(s.counting, Counting::Admitted);
-        // A bad upstream value fails loading, naming the variable.
-        let err = Settings::load_from(None, &flags, env(&[("PORT", "abc")])).unwrap_err();
-        assert!(err.to_string().contains("PORT=\"abc\""), "{err}");
-        // Without the mode, upstream's variables mean nothing.
-        let s =
-            Settings::load_from(None, &SettingsFlags::default(), env(&[("PORT", "abc")])).unwrap();
-        assert_eq!(s, Settings::default());
-    }
-}
+mod tests;

@@ -86,10 +86,7 @@ impl Sources {
             ));
         }
         if let Some(value) = self.upstream.as_ref().and_then(|l| l.get(setting)) {
-            let vars = DECLARED
-                .iter()
-                .find(|d| d.name == setting)
-                .map_or("", |d| d.upstream);
+            let vars = upstream::feeding(setting).join(", ");
             return Origin(if vars.is_empty() {
                 format!("{setting} = {value:?} (envoyproxy/ratelimit's default as `ratelimit`)")
             } else {
@@ -109,19 +106,38 @@ pub(super) fn refusal(error: &config::ConfigError) -> Option<(String, String)> {
             expected,
             key: Some(key),
             ..
-        } => Some((key.clone(), expected_text(expected))),
+        } => Some((key.clone(), expected_text(expected, positive(key)))),
         ConfigError::At {
             error,
             key: Some(key),
             ..
-        } => Some((key.clone(), error.to_string())),
+        } => Some((key.clone(), refused_text(&error.to_string()))),
         _ => None,
     }
 }
 
+/// Whether `setting` must be positive (it is typed `NonZero…`).
+fn positive(setting: &str) -> bool {
+    DECLARED
+        .iter()
+        .any(|d| d.name == setting && d.ty.starts_with("NonZero"))
+}
+
+/// serde's words for a refused value, as a person would say what is
+/// expected: a `NonZero…` setting says it takes 1 or more.
+fn refused_text(error: &str) -> String {
+    if error.contains("expected a nonzero") {
+        "expected a whole number, 1 or more".to_owned()
+    } else {
+        error.to_owned()
+    }
+}
+
 /// serde's words for a type, as a person would say what is expected.
-fn expected_text(expected: &str) -> String {
-    if expected.contains("unsigned") {
+fn expected_text(expected: &str, positive: bool) -> String {
+    if expected.contains("nonzero") || (positive && expected.contains("unsigned")) {
+        "expected a whole number, 1 or more".to_owned()
+    } else if expected.contains("unsigned") {
         "expected a whole number, 0 or more".to_owned()
     } else if expected.contains("integer") {
         "expected a whole number".to_owned()

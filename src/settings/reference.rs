@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 
 use super::unsupported::UNSUPPORTED;
-use super::{DECLARED, Declared, accepted_values};
+use super::{DECLARED, Declared, accepted_values, upstream};
 
 /// Where the page lives, from the repository's root.
 pub const PATH: &str = "docs/src/settings.md";
@@ -32,6 +32,10 @@ pub fn type_text(d: &Declared) -> String {
         "u32" | "u64" | "usize" => match unit {
             Some(unit) => format!("whole number of {unit}"),
             None => "whole number".to_owned(),
+        },
+        "NonZeroU32" | "NonZeroU64" | "NonZeroUsize" => match unit {
+            Some(unit) => format!("whole number of {unit}, at least 1"),
+            None => "whole number, at least 1".to_owned(),
         },
         "f64" => "number".to_owned(),
         "SocketAddr" => "socket address (`ip:port`)".to_owned(),
@@ -67,14 +71,19 @@ fn default_text(d: &Declared) -> String {
 
 /// The upstream variable(s) feeding the setting, as the page shows them.
 fn upstream_text(d: &Declared) -> String {
-    if d.upstream.is_empty() {
+    let vars = upstream::feeding(d.name);
+    let Some((last, rest)) = vars.split_last() else {
         return "—".to_owned();
+    };
+    let quoted = |v: &&str| format!("`{v}`");
+    match rest {
+        [] => quoted(last),
+        _ => format!(
+            "{} and {}",
+            rest.iter().map(quoted).collect::<Vec<_>>().join(", "),
+            quoted(last)
+        ),
     }
-    d.upstream
-        .split(':')
-        .map(|v| format!("`{v}`"))
-        .collect::<Vec<_>>()
-        .join(" and ")
 }
 
 /// Plain text as Markdown that shows it as written: no emphasis from an
@@ -106,8 +115,9 @@ fn escape(text: &str) -> String {
 pub fn render() -> String {
     let mut out = String::new();
     out.push_str(
-        "<!-- Generated from the settings declaration (src/settings/mod.rs) and the table of\n     \
-         unsupported upstream variables (src/settings/unsupported.rs): do not edit by hand.\n     \
+        "<!-- Generated from the settings declaration (src/settings/mod.rs), the upstream\n     \
+         variables (src/settings/upstream/) and the table of unsupported upstream\n     \
+         variables (src/settings/unsupported.rs): do not edit by hand.\n     \
          Refresh: SLUICE_BLESS=1 cargo test --lib settings_reference -->\n\n",
     );
     out.push_str("# Settings reference\n\n");
@@ -232,7 +242,7 @@ mod tests {
         let find = |name: &str| DECLARED.iter().find(|d| d.name == name).unwrap();
         assert_eq!(
             type_text(find("redis_timeout_ms")),
-            "whole number of milliseconds"
+            "whole number of milliseconds, at least 1"
         );
         assert_eq!(
             type_text(find("response_headers")),
@@ -240,5 +250,13 @@ mod tests {
         );
         assert_eq!(type_text(find("rules")), "file or directory path, optional");
         assert_eq!(type_text(find("near_limit_ratio")), "number");
+        assert_eq!(
+            type_text(find("shutdown_delay_ms")),
+            "whole number of milliseconds"
+        );
+        assert_eq!(
+            type_text(find("breaker_failures")),
+            "whole number, at least 1"
+        );
     }
 }

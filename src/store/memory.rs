@@ -20,8 +20,8 @@
 //! expired counters so idle memory is returned.
 
 use std::hash::BuildHasher;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use foldhash::fast::RandomState;
 use indexmap::IndexMap;
@@ -29,6 +29,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
 use crate::limiter::{Clock, CounterKey, Identity, LimitSpec, Millis, State, Window, admits};
+use crate::telemetry::metrics::MemoryStoreMetrics;
 
 /// Counters sampled when a full shard must make room.
 const EVICTION_SAMPLES: usize = 8;
@@ -82,6 +83,15 @@ pub struct MemoryStore {
     /// Live counters evicted to stay under the caps, for metrics; atomic
     /// because shards are locked independently.
     evicted: AtomicU64,
+    /// Where occupancy and evictions are also shown, once told.
+    metrics: OnceLock<MemoryStoreMetrics>,
+}
+
+/// Which cap made a shard evict a counter.
+#[derive(Clone, Copy)]
+enum Cap {
+    Keys,
+    Bytes,
 }
 
 /// One counter's state and what eviction needs to rank it.
@@ -126,6 +136,33 @@ impl MemoryStore {
             per_shard,
             per_shard_bytes: per_shard_bytes.max(1),
             evicted: AtomicU64::new(0),
+            metrics: OnceLock::new(),
+        }
+    }
+
+    /// Shows the store's caps, occupancy (as of the last [`sweep`]) and
+    /// evictions in `metrics`. Only the first set given is kept.
+    ///
+    /// [`sweep`]: MemoryStore::sweep
+    pub fn show_in(&self, metrics: MemoryStoreMetrics) {
+        let shards = self.shards.len();
+        let total = |per_shard: usize| i64::try_from(per_shard * shards).unwrap_or(i64::MAX);
+        metrics.max_keys.set(total(self.per_shard));
+        metrics.max_bytes.set(total(self.per_shard_bytes));
+        let _ = self.metrics.set(metrics);
+        self.show_occupancy();
+    }
+
+    fn show_occupancy(&self) {
+        if let Some(metrics) = self.metrics.get() {
+            let (mut keys, mut bytes) = (0, 0);
+            for shard in &*self.shards {
+                let shard = shard.lock();
+                keys += shard.counters.len();
+                bytes += shard.bytes;
+            }
+            metrics.keys.set(i64::try_from(keys).unwrap_or(i64::MAX));
+            metrics.bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
     }
 
@@ -163,6 +200,7 @@ impl MemoryStore {
             });
             shard.bytes -= freed;
         }
+        self.show_occupancy();
     }
 
     /// Drops expired counters at the store clock's current time.
@@ -298,7 +336,9 @@ impl MemoryStore {
         // share of the bytes: make room, keeping this request's counters.
         if batch.items.iter().any(|item| item.counted(admitted)) {
             for shard in &mut guards {
-                while shard.bytes > self.per_shard_bytes && shard.evict_one(&counters, now, self) {}
+                while shard.bytes > self.per_shard_bytes
+                    && shard.evict_one(&counters, now, self, Cap::Bytes)
+                {}
             }
         }
         BatchOutcome { admitted, limits }
@@ -343,7 +383,7 @@ impl Shard {
     ) -> (u64, u64) {
         if !self.counters.contains_key(key) {
             if self.counters.len() >= store.per_shard {
-                self.evict_one(batch, now, store);
+                self.evict_one(batch, now, store, Cap::Keys);
             }
             let state = State::new(limit);
             let bytes = counter_bytes(key, &state);
@@ -407,6 +447,7 @@ impl Shard {
         batch: &[(CounterKey, usize)],
         now: Millis,
         store: &MemoryStore,
+        cap: Cap,
     ) -> bool {
         let len = self.counters.len();
         // (index, share of the limit in use, expiry)
@@ -446,6 +487,12 @@ impl Shard {
         }
         if expires > now {
             store.evicted.fetch_add(1, Ordering::Relaxed);
+            if let Some(metrics) = store.metrics.get() {
+                match cap {
+                    Cap::Keys => metrics.evicted_at_max_keys.inc(),
+                    Cap::Bytes => metrics.evicted_at_max_bytes.inc(),
+                };
+            }
         }
         true
     }
@@ -612,6 +659,40 @@ mod tests {
         // The newest log is whole.
         assert!(!hits(&store, "19", limit, 9_001, 1_000).admitted);
         assert!(hits(&store, "19", limit, 9_000, 1_000).admitted);
+    }
+
+    /// The metrics show the caps, the occupancy as of the last sweep, and
+    /// each live eviction under the cap that forced it.
+    #[test]
+    fn caps_occupancy_and_evictions_by_cap_are_shown_in_the_metrics() {
+        let metrics = crate::telemetry::metrics::Metrics::default();
+        let by_keys = store(2, 1);
+        by_keys.show_in(metrics.memory_store());
+        let shown = metrics.memory_store();
+        assert_eq!((shown.max_keys.get(), shown.keys.get()), (2, 0));
+        for key in ["a", "b", "c"] {
+            hit(&by_keys, key, 0);
+        }
+        by_keys.sweep(0);
+        assert_eq!(shown.keys.get(), 2);
+        assert_eq!(shown.bytes.get() as usize, by_keys.bytes());
+        assert_eq!(shown.evicted_at_max_keys.get(), 1);
+        assert_eq!(shown.evicted_at_max_bytes.get(), 0);
+
+        let metrics = crate::telemetry::metrics::Metrics::default();
+        let by_bytes = store_of(1_000, 2 * COUNTER_OVERHEAD_BYTES as u64 + 100, 1);
+        by_bytes.show_in(metrics.memory_store());
+        for key in ["a", "b", "c"] {
+            hit(&by_bytes, key, 0);
+        }
+        let shown = metrics.memory_store();
+        assert!(shown.evicted_at_max_bytes.get() >= 1);
+        assert_eq!(shown.evicted_at_max_keys.get(), 0);
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"sluice_memory_store_evictions_total{reason="max_bytes"} "#),
+            "{text}"
+        );
     }
 
     #[test]

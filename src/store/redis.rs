@@ -64,6 +64,7 @@ use self::url::{Servers, parse_url};
 use self::wire::{Answer, ItemPart, LIMIT_ARGS, answer_len, answers, hits, limit_args};
 use super::{Batch, BatchItem, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
+use crate::telemetry::metrics::ReconcileCounters;
 
 /// Assembled by build.rs from `redis/decide/` (see its `prelude.lua`).
 const DECIDE: &str = include_str!(concat!(env!("OUT_DIR"), "/decide.lua"));
@@ -160,6 +161,8 @@ struct RefundCounts {
     failed: AtomicU64,
     /// Where failures are also counted for the metrics, once told.
     failures_metric: OnceLock<Counter>,
+    /// What became of calls that outlived their caller, once told.
+    reconciled_metric: OnceLock<ReconcileCounters>,
 }
 
 /// What [`RedisStore::refunds`] reads.
@@ -310,6 +313,13 @@ impl RedisStore {
         if counts.failures_metric.set(counter.clone()).is_ok() {
             counter.inc_by(counts.failed.load(Ordering::SeqCst));
         }
+    }
+
+    /// Counts what becomes of every call that outlives its caller's
+    /// timeout in `counters` (`sluice_store_reconciliations_total`). Only
+    /// the first set given is kept.
+    pub fn count_reconciliations_in(&self, counters: ReconcileCounters) {
+        let _ = self.shared.refunds.reconciled_metric.set(counters);
     }
 
     /// Refund calls in flight, and those that failed so far.
@@ -791,7 +801,7 @@ impl Shared {
         expected: usize,
         whole: bool,
     ) {
-        let Some(reply) = late_reply(late) else {
+        let Some(reply) = late_reply(&self.refunds, late) else {
             return;
         };
         if reply.len() != expected || reply[0] != 1 {
@@ -821,8 +831,16 @@ impl Shared {
 /// The reply of a call that outlived its caller's timeout, awaited at most
 /// [`RECONCILE_WAIT`]; `None` (logged) when there is none to reconcile.
 fn late_reply(
+    counts: &RefundCounts,
     late: Result<Result<Vec<i64>, StoreError>, tokio::time::error::Elapsed>,
 ) -> Option<Vec<i64>> {
+    if let Some(metric) = counts.reconciled_metric.get() {
+        match &late {
+            Ok(Ok(_)) => metric.answered.inc(),
+            Ok(Err(_)) => metric.failed.inc(),
+            Err(_) => metric.no_reply.inc(),
+        };
+    }
     match late {
         Ok(Ok(reply)) => Some(reply),
         // Not run (refused, not sent), or the connection went down after

@@ -7,7 +7,6 @@
 //! beyond the cap they are counted under `descriptor="_other_"`.
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -17,6 +16,17 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+mod limits;
+mod operations;
+
+pub use limits::{LimitCounters, LimitEvent};
+use limits::{Series, add_hits};
+
+use operations::Operations;
+pub use operations::{
+    ConfiguredLimit, EVICTION_REASONS, MemoryStoreMetrics, ReconcileCounters, window_label,
+};
 
 /// Latency buckets in seconds, from 50 µs to 1 s.
 const LATENCY_BUCKETS: [f64; 13] = [
@@ -111,6 +121,9 @@ pub struct InvalidRequestCounters {
     pub too_large: Counter,
     /// The request did not arrive (and get an answer) in time.
     pub timeout: Counter,
+    /// `sluice_tls_handshake_failures_total{listener="grpc"}`: connections
+    /// refused at the TLS handshake, before any request.
+    pub tls_handshake_failures: Counter,
     /// `sluice_requests_total{code="INVALID_ARGUMENT"}`: a ShouldRateLimit
     /// call refused before the handler is still a call with that outcome.
     pub rls_invalid_argument: Counter,
@@ -134,102 +147,8 @@ impl Default for MetricsConfig {
     }
 }
 
-/// What one descriptor's limit did in one decision, for the counters.
-#[derive(Clone, Copy, Debug)]
-pub struct LimitEvent {
-    /// The descriptor's weight.
-    pub hits: u64,
-    /// The request was admitted (and so counted).
-    pub admitted: bool,
-    /// This limit did not fit the hits.
-    pub over: bool,
-    /// The limit is in shadow mode.
-    pub shadow: bool,
-    /// Usage after the decision and the limit's capacity.
-    pub used: u64,
-    /// The limit's capacity.
-    pub capacity: u64,
-}
-
 /// The outcome codes of a ShouldRateLimit call (see `decision::outcome_code`).
 const REQUEST_CODES: [&str; 4] = ["OK", "OVER_LIMIT", "INVALID_ARGUMENT", "UNAVAILABLE"];
-
-/// The per-limit counters of one label set. The counters are shared with the
-/// registry (cloning one clones a handle), so updating them needs no label
-/// hashing or lookup.
-#[derive(Clone, Debug)]
-pub struct LimitCounters {
-    hits: Counter,
-    admitted: Counter,
-    over_limit: Counter,
-    near_limit: Counter,
-    shadow_mode: Counter,
-    near_limit_ratio: f64,
-}
-
-/// The per-limit series.
-#[derive(Clone, Copy)]
-enum Series {
-    Hits,
-    Admitted,
-    NearLimit,
-    OverLimit,
-    ShadowMode,
-}
-
-impl LimitEvent {
-    /// The series this event adds to, and how much: every series the whole
-    /// weight, except near-limit, which counts only the hits that took the
-    /// counter above the near-limit threshold, `floor(capacity × ratio)`
-    /// (envoyproxy/ratelimit's accounting: with a limit of 2 and the
-    /// default 0.8 the threshold is 1, so the first hit is not near and the
-    /// second is; a weight of 7 taking a limit of 20 from 10 to 17 has one
-    /// hit above 16).
-    fn series(self, near_limit_ratio: f64, mut add: impl FnMut(Series, u64)) {
-        add(Series::Hits, self.hits);
-        if self.admitted {
-            add(Series::Admitted, self.hits);
-            let near = (near_limit_ratio * self.capacity as f64).floor() as u64;
-            if !self.over && self.hits > 0 && self.used > near {
-                add(Series::NearLimit, self.hits.min(self.used - near));
-            }
-        }
-        if self.over {
-            let series = if self.shadow {
-                Series::ShadowMode
-            } else {
-                Series::OverLimit
-            };
-            add(series, self.hits);
-        }
-    }
-}
-
-impl LimitCounters {
-    /// Counts what the limit did in one decision.
-    pub fn record(&self, event: LimitEvent) {
-        event.series(self.near_limit_ratio, |series, hits| {
-            let counter = match series {
-                Series::Hits => &self.hits,
-                Series::Admitted => &self.admitted,
-                Series::NearLimit => &self.near_limit,
-                Series::OverLimit => &self.over_limit,
-                Series::ShadowMode => &self.shadow_mode,
-            };
-            add_hits(counter, hits);
-        });
-    }
-}
-
-/// Adds weighted hits to a counter, saturating: a `u64` wraps after 2048
-/// requests of the largest weight, and a wrapped counter reads as a reset.
-fn add_hits(counter: &Counter, hits: u64) {
-    let _ = counter
-        .inner()
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            Some(n.saturating_add(hits))
-        });
-}
 
 /// Every metric of the service.
 pub struct Metrics {
@@ -256,6 +175,9 @@ pub struct Metrics {
     connections_closed: Family<ClosedLabels, Counter>,
     requests_invalid: Family<ReasonLabels, Counter>,
     rules_loaded: Gauge<f64, std::sync::atomic::AtomicU64>,
+    rules_refused: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Limits, build, memory store, reconciliations, TLS handshakes.
+    operations: Operations,
     /// Runtime descriptor label values seen so far; a lock because any
     /// request may add one, and the set is what bounds the cardinality.
     descriptors: Mutex<HashSet<String>>,
@@ -288,6 +210,8 @@ impl Metrics {
             connections_closed: Family::default(),
             requests_invalid: Family::default(),
             rules_loaded: Gauge::default(),
+            rules_refused: Gauge::default(),
+            operations: Operations::default(),
             descriptors: Mutex::new(HashSet::new()),
             registry: Registry::default(),
         };
@@ -368,6 +292,11 @@ impl Metrics {
             metrics.rules_loaded.clone(),
         );
         registry.register(
+            "sluice_rules_reload_error_timestamp_seconds",
+            "When a rules reload was last refused (Unix time; 0: never)",
+            metrics.rules_refused.clone(),
+        );
+        registry.register(
             "sluice_connections_open",
             "Connections open now, by listener",
             metrics.connections_open.clone(),
@@ -387,6 +316,7 @@ impl Metrics {
             "gRPC requests refused before reaching a handler, by reason",
             metrics.requests_invalid.clone(),
         );
+        metrics.operations.register(&mut registry);
         // Known series exist from the start at zero, so alerts on their rate
         // work before the first event.
         for listener in LISTENERS {
@@ -404,6 +334,13 @@ impl Metrics {
             });
             (code, counter)
         });
+        for policy in ["unavailable", "allow", "deny"] {
+            metrics
+                .store_error_policy
+                .get_or_create_owned(&PolicyLabels {
+                    policy: policy.to_owned(),
+                });
+        }
         for kind in ["unavailable", "timeout", "circuit_open"] {
             metrics.store_errors.get_or_create_owned(&KindLabels {
                 kind: kind.to_owned(),
@@ -515,7 +452,8 @@ impl Metrics {
         self.store_refund_failures.clone()
     }
 
-    /// Counts a rules reload; on success, records when the rules were loaded.
+    /// Counts a rules reload, and records when the rules were loaded (on
+    /// success) or last refused.
     pub fn record_reload(&self, ok: bool, unix_seconds: f64) {
         let result = if ok { "success" } else { "error" };
         self.reloads
@@ -525,6 +463,8 @@ impl Metrics {
             .inc();
         if ok {
             self.rules_loaded.set(unix_seconds);
+        } else {
+            self.rules_refused.set(unix_seconds);
         }
     }
 
@@ -572,6 +512,7 @@ impl Metrics {
             content_type,
             too_large,
             timeout,
+            tls_handshake_failures: self.tls_handshake_failures("grpc"),
             rls_invalid_argument: self.requests.get_or_create_owned(&CodeLabels {
                 code: "INVALID_ARGUMENT".to_owned(),
             }),
@@ -591,164 +532,4 @@ impl Default for Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn labels(limit: &str, descriptor: &str) -> LimitLabels {
-        LimitLabels {
-            domain: "d".into(),
-            limit: limit.into(),
-            descriptor: descriptor.into(),
-        }
-    }
-
-    #[test]
-    fn names_and_values_appear_in_the_exposition() {
-        let m = Metrics::default();
-        let event = LimitEvent {
-            hits: 3,
-            admitted: true,
-            over: false,
-            shadow: false,
-            used: 9,
-            capacity: 10,
-        };
-        m.record_limit(&labels("per-ip", ""), event);
-        m.record_limit(
-            &labels("per-ip", ""),
-            LimitEvent {
-                admitted: false,
-                over: true,
-                ..event
-            },
-        );
-        m.record_request("OK", Duration::from_micros(300));
-        let text = m.encode();
-        for line in [
-            r#"sluice_hits_total{domain="d",limit="per-ip",descriptor=""} 6"#,
-            r#"sluice_admitted_total{domain="d",limit="per-ip",descriptor=""} 3"#,
-            // Threshold floor(10 × 0.8) = 8; the counter went 6 → 9: one
-            // hit above it.
-            r#"sluice_near_limit_total{domain="d",limit="per-ip",descriptor=""} 1"#,
-            r#"sluice_over_limit_total{domain="d",limit="per-ip",descriptor=""} 3"#,
-            r#"sluice_requests_total{code="OK"} 1"#,
-            "sluice_request_duration_seconds_count 1",
-        ] {
-            assert!(text.contains(line), "missing {line} in\n{text}");
-        }
-    }
-
-    #[test]
-    fn shadow_hits_over_the_limit_are_not_over_limit() {
-        let m = Metrics::default();
-        let event = LimitEvent {
-            hits: 1,
-            admitted: true,
-            over: true,
-            shadow: true,
-            used: 2,
-            capacity: 1,
-        };
-        m.record_limit(&labels("s", ""), event);
-        let text = m.encode();
-        assert!(
-            text.contains(r#"sluice_shadow_mode_total{domain="d",limit="s",descriptor=""} 1"#),
-            "{text}"
-        );
-        assert!(!text.contains("sluice_over_limit_total{"), "{text}");
-
-        // The counters cached for a rule's limit make all its series at
-        // once, at zero until their event happens.
-        m.limit_counters(&labels("t", "")).record(event);
-        let text = m.encode();
-        assert!(
-            text.contains(r#"sluice_shadow_mode_total{domain="d",limit="t",descriptor=""} 1"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"sluice_over_limit_total{domain="d",limit="t",descriptor=""} 0"#),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn runtime_descriptor_labels_are_capped() {
-        let m = Metrics::new(MetricsConfig {
-            max_descriptor_labels: 3,
-            ..MetricsConfig::default()
-        });
-        let values: Vec<String> = (0..1_000)
-            .map(|i| m.descriptor_label(format!("ip={i}")))
-            .collect();
-        assert_eq!(&values[..3], ["ip=0", "ip=1", "ip=2"]);
-        assert!(values[3..].iter().all(|v| v == OTHER));
-        assert_eq!(
-            m.descriptor_label("ip=1".into()),
-            "ip=1",
-            "known values keep their label"
-        );
-    }
-
-    #[test]
-    fn weighted_hits_saturate_instead_of_wrapping() {
-        let metrics = Metrics::new(MetricsConfig::default());
-        let labels = LimitLabels {
-            domain: "d".into(),
-            limit: "l".into(),
-            descriptor: String::new(),
-        };
-        let heavy = LimitEvent {
-            hits: u64::MAX / 2 + 1,
-            admitted: false,
-            over: true,
-            shadow: false,
-            used: 0,
-            capacity: 1,
-        };
-        let counters = metrics.limit_counters(&labels);
-        counters.record(heavy);
-        metrics.record_limit(&labels, heavy);
-        metrics.record_limit(&labels, heavy);
-        let text = metrics.encode();
-        assert!(
-            text.contains(&format!(
-                r#"sluice_hits_total{{domain="d",limit="l",descriptor=""}} {}"#,
-                u64::MAX
-            )),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn near_limit_counts_only_hits_above_the_threshold_as_upstream_does() {
-        let m = Metrics::default();
-        let event = |limit: &str, hits, used, capacity| {
-            m.record_limit(
-                &labels(limit, ""),
-                LimitEvent {
-                    hits,
-                    admitted: true,
-                    over: false,
-                    shadow: false,
-                    used,
-                    capacity,
-                },
-            )
-        };
-        // Limit 2, ratio 0.8: threshold 1. The first hit is not near.
-        event("two", 1, 1, 2);
-        // The second is.
-        event("two", 1, 2, 2);
-        // Limit 20: threshold 16; 7 hits taking it 10 → 17: one is near.
-        event("twenty", 7, 17, 20);
-        // Then 3 hits from 17 to 20: all three.
-        event("twenty", 3, 20, 20);
-        let text = m.encode();
-        for line in [
-            r#"sluice_near_limit_total{domain="d",limit="two",descriptor=""} 1"#,
-            r#"sluice_near_limit_total{domain="d",limit="twenty",descriptor=""} 4"#,
-        ] {
-            assert!(text.contains(line), "missing {line} in\n{text}");
-        }
-    }
-}
+mod tests;

@@ -127,7 +127,7 @@ pub(crate) fn check_ratelimit_filter(filter: &Value, label: &str) -> (String, St
     let service = &config["rate_limit_service"];
     assert_eq!(service["transport_api_version"], "V3", "{label}");
     let timeout_ms = seconds(&config["timeout"]) * 1000.0;
-    let redis_ms = Settings::default().redis_timeout_ms as f64;
+    let redis_ms = Settings::default().redis_timeout_ms.get() as f64;
     assert!(
         timeout_ms > redis_ms,
         "{label}: Envoy's timeout ({timeout_ms} ms) must exceed Sluice's redis_timeout_ms ({redis_ms} ms)"

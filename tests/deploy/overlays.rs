@@ -121,7 +121,7 @@ async fn the_redis_urls_of_the_overlays_are_accepted_by_the_redis_store() {
     for overlay in overlay_names() {
         let docs = overlay_docs(&overlay);
         let w = Workload::new(&overlay, &docs);
-        let Some(redis) = w.settings.redis() else {
+        let Some(redis) = sluice::app::build::redis(&w.settings) else {
             continue;
         };
         // An invalid URL fails at once; a valid one to an unreachable host

@@ -178,6 +178,7 @@ pub(crate) fn settings_of(
     let env: config::Map<String, String> = env.clone().into_iter().collect();
     Settings::load_from(serve.config.as_deref(), &serve.flags, Some(env))
         .unwrap_or_else(|e| panic!("{label}: sluice rejects the settings: {e}"))
+        .settings
 }
 
 /// Every check of the Sluice workload that needs no running process.

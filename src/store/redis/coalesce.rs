@@ -304,7 +304,7 @@ impl Shared {
                 let (shared, lane) = (self.clone(), lane.clone());
                 tokio::spawn(async move {
                     let late = tokio::time::timeout(RECONCILE_WAIT, sent).await;
-                    if let Some(reply) = late_reply(late) {
+                    if let Some(reply) = late_reply(&shared.refunds, late) {
                         let members = members.take();
                         tracing::info!(
                             requests = members.len(),
