@@ -2,10 +2,12 @@
 
 use std::path::PathBuf;
 
+use clap::builder::PossibleValue;
 use clap::{Parser, Subcommand};
 
 #[cfg(feature = "bench")]
 use crate::bench::BenchArgs;
+use crate::decision::StoreErrorPolicy;
 use crate::query::QueryArgs;
 use crate::settings::SettingsFlags;
 
@@ -100,6 +102,25 @@ pub struct CheckConfigArgs {
     /// Rules files or directories to validate
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
+}
+
+/// `--on-store-error`'s values: the policy is the decision's, its spelling
+/// and help on the command line are the CLI's.
+impl clap::ValueEnum for StoreErrorPolicy {
+    fn value_variants<'a>() -> &'a [Self] {
+        &StoreErrorPolicy::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self {
+            StoreErrorPolicy::Unavailable => {
+                "gRPC UNAVAILABLE, so Envoy's `failure_mode_deny` decides"
+            }
+            StoreErrorPolicy::Allow => "Admit: every descriptor OK, without a limit",
+            StoreErrorPolicy::Deny => "Reject: every limited descriptor OVER_LIMIT",
+        };
+        Some(PossibleValue::new(self.name()).help(help))
+    }
 }
 
 #[cfg(test)]

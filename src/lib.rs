@@ -11,9 +11,11 @@
 //!   `admin` serves the admin HTTP routes (`/json`, `/rlconfig`,
 //!   `/healthcheck`, `/counters`, metrics) and its `health` is readiness,
 //!   the one answer of `/readyz`, `/healthcheck` and gRPC health;
-//! - [`service`] is the only place protobuf meets the domain: it converts a
+//! - [`service`] is where RLS protobuf meets the domain: it converts a
 //!   `RateLimitRequest` into a [`request::Request`] and a
-//!   [`decision::Decision`] back into a `RateLimitResponse`;
+//!   [`decision::Decision`] back into a `RateLimitResponse` (RLQS's stream
+//!   and xDS's `RateLimitConfig` have their own adapters, `rlqs::service`
+//!   and `xds::convert`);
 //! - [`decision`] matches descriptors to [`rules`], builds one
 //!   [`store::Batch`] per request, and shapes the statuses;
 //! - [`store`] holds the counters; each request is checked and applied
@@ -37,7 +39,10 @@
 //!   [`telemetry`] (Sluice's metrics, and upstream's stat names with their
 //!   statsd and Prometheus sinks) and [`headers`] serve the binary.
 //!
-//! `rules` and `limiter` import no tokio, tonic or Redis client.
+//! The core (`limiter`, `request`, `rules`, `overlimit`, `decision`) imports
+//! no tokio, tonic, protobuf, Redis client or clap; the layers, and who may
+//! see protobuf and Redis, are tables in CONTRIBUTING.md, checked against
+//! these modules' imports by `tests/deploy/layering.rs`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

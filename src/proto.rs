@@ -3,8 +3,9 @@
 //!
 //! The modules mirror the protobuf packages because the generated code refers
 //! across packages by relative path. The rest of the crate uses the short
-//! aliases at the bottom (`pb::RateLimitRequest`, …); only `service.rs`,
-//! `server.rs` and the `query` client touch these types.
+//! aliases at the bottom (`pb::RateLimitRequest`, …); only the protocol
+//! adapters touch these types: `service`, `server`, `rlqs::service`, `xds`,
+//! and the `query` and `bench` clients.
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 

@@ -8,6 +8,7 @@ use tonic::transport::Endpoint;
 
 use crate::proto as pb;
 use crate::proto::rate_limit_descriptor::Entry;
+use crate::request::DescriptorArg;
 use crate::rules::parse_duration;
 
 mod render;
@@ -15,29 +16,6 @@ mod tls;
 pub use render::{render, window_text};
 pub use tls::TlsArgs;
 use tls::{probe, tls_hint};
-
-/// One descriptor given as `k=v[,k=v…]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DescriptorArg(pub Vec<(String, String)>);
-
-impl std::str::FromStr for DescriptorArg {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        text.split(',')
-            .map(|pair| {
-                let (key, value) = pair
-                    .split_once('=')
-                    .ok_or_else(|| format!("'{pair}' is not key=value"))?;
-                if key.is_empty() {
-                    return Err(format!("'{pair}' has an empty key"));
-                }
-                Ok((key.to_owned(), value.to_owned()))
-            })
-            .collect::<Result<_, _>>()
-            .map(DescriptorArg)
-    }
-}
 
 /// `sluice query`.
 #[derive(Debug, clap::Args)]
@@ -208,17 +186,6 @@ pub async fn query(args: &QueryArgs) -> Result<pb::RateLimitResponse, QueryError
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn descriptor_args_parse_pairs() {
-        let d: DescriptorArg = "a=1,b=x=y".parse().unwrap();
-        assert_eq!(
-            d.0,
-            vec![("a".into(), "1".into()), ("b".into(), "x=y".into())]
-        );
-        assert!("novalue".parse::<DescriptorArg>().is_err());
-        assert!("=v".parse::<DescriptorArg>().is_err());
-    }
 
     #[test]
     fn peek_sets_every_descriptors_own_weight_to_zero() {

@@ -66,3 +66,43 @@ impl Descriptor {
         }
     }
 }
+
+/// One descriptor given as text, `k=v[,k=v…]`: `sluice query --descriptor`,
+/// the admin `/counters` query, `sluice bench` workloads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescriptorArg(pub Vec<(String, String)>);
+
+impl std::str::FromStr for DescriptorArg {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.split(',')
+            .map(|pair| {
+                let (key, value) = pair
+                    .split_once('=')
+                    .ok_or_else(|| format!("'{pair}' is not key=value"))?;
+                if key.is_empty() {
+                    return Err(format!("'{pair}' has an empty key"));
+                }
+                Ok((key.to_owned(), value.to_owned()))
+            })
+            .collect::<Result<_, _>>()
+            .map(DescriptorArg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_args_parse_pairs() {
+        let d: DescriptorArg = "a=1,b=x=y".parse().unwrap();
+        assert_eq!(
+            d.0,
+            vec![("a".into(), "1".into()), ("b".into(), "x=y".into())]
+        );
+        assert!("novalue".parse::<DescriptorArg>().is_err());
+        assert!("=v".parse::<DescriptorArg>().is_err());
+    }
+}

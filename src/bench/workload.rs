@@ -6,7 +6,7 @@ use rand_distr::{Distribution as _, Uniform, Zipf};
 
 use crate::proto as pb;
 use crate::proto::rate_limit_descriptor::Entry;
-use crate::query::DescriptorArg;
+use crate::request::DescriptorArg;
 
 /// The placeholder a template value replaces with the request's key.
 pub const KEY: &str = "{key}";

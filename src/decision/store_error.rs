@@ -8,17 +8,7 @@ use super::plan::Plan;
 use super::{DecideError, Decision, Limiter, Status};
 
 /// What to answer when the counter store fails.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Deserialize,
-    serde::Serialize,
-    clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreErrorPolicy {
     /// gRPC UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
@@ -31,6 +21,13 @@ pub enum StoreErrorPolicy {
 }
 
 impl StoreErrorPolicy {
+    /// Every policy, in the order the command line lists them.
+    pub const ALL: [StoreErrorPolicy; 3] = [
+        StoreErrorPolicy::Unavailable,
+        StoreErrorPolicy::Allow,
+        StoreErrorPolicy::Deny,
+    ];
+
     /// The name in settings and metrics.
     pub fn name(self) -> &'static str {
         match self {

@@ -171,7 +171,6 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::decision::Limiter;
-use crate::proto::rlqs::rate_limit_quota_service_server as proto_server;
 use crate::store::CounterStore;
 
 pub use service::RateLimitQuotaService;
@@ -184,10 +183,7 @@ pub use state::Rlqs;
 pub fn serve<S: CounterStore>(
     limiter: &Arc<Limiter<S>>,
     closing: CancellationToken,
-) -> (
-    proto_server::RateLimitQuotaServiceServer<RateLimitQuotaService>,
-    Router,
-) {
+) -> (service::Server, Router) {
     let rules = limiter.clone();
     let rlqs = Arc::new(Rlqs::new(move || rules.rules()));
     let mut service = RateLimitQuotaService::new(rlqs.clone(), closing);

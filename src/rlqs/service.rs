@@ -35,6 +35,11 @@ const MAX_TEXT: usize = 1_024;
 
 type Reply = Result<pb::RateLimitQuotaResponse, Status>;
 
+/// The generated tonic server over [`RateLimitQuotaService`], as the gRPC
+/// router registers it.
+pub type Server =
+    pb::rate_limit_quota_service_server::RateLimitQuotaServiceServer<RateLimitQuotaService>;
+
 /// `StreamRateLimitQuotas` over an [`Rlqs`] state.
 #[derive(Clone)]
 pub struct RateLimitQuotaService {
@@ -91,9 +96,7 @@ impl RateLimitQuotaService {
     /// The tonic service. A report lists every bucket one Envoy knows, so
     /// its messages may be larger than an RLS request: they get their own
     /// cap, [`MAX_REPORT_BYTES`].
-    pub fn into_server(
-        self,
-    ) -> pb::rate_limit_quota_service_server::RateLimitQuotaServiceServer<Self> {
+    pub fn into_server(self) -> Server {
         pb::rate_limit_quota_service_server::RateLimitQuotaServiceServer::new(self)
             .max_decoding_message_size(MAX_REPORT_BYTES)
     }

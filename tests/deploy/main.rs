@@ -45,6 +45,7 @@ mod docs;
 mod envoy;
 mod envoy_gateway;
 mod image;
+mod layering;
 mod manifests;
 mod observability;
 mod overlays;
