@@ -94,7 +94,17 @@ fn layout(arch: &str, env: &str) -> &'static Path {
                 out
             }
         };
-        let layout = dir.join(format!("test-layout-{arch}-{}", std::process::id()));
+        // One layout per test process; those of processes gone are removed.
+        let prefix = format!("test-layout-{arch}-");
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix(&prefix)
+                && !Path::new("/proc").join(pid).exists()
+            {
+                let _ = std::fs::remove_dir_all(dir.join(&name));
+            }
+        }
+        let layout = dir.join(format!("{prefix}{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&layout);
         std::fs::create_dir_all(&layout).unwrap();
         run(

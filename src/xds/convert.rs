@@ -9,14 +9,11 @@
 //! `value_to_metric` and `share_threshold`: rules that need them must come
 //! from files.
 
-use std::collections::HashMap;
-
-use super::compile::{add_domain, compile_documents};
-use super::yaml::{Kind, Node as Yaml};
-use super::{ConfigError, RuleSet};
 use crate::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
+use crate::rules::yaml::{Kind, Node as Yaml};
+use crate::rules::{ConfigError, RuleSet, compile_trees};
 
 /// The source label of the domains of snapshot `version`: `xds:<version>`.
 pub fn source_label(version: &str) -> String {
@@ -30,26 +27,15 @@ pub fn compile_snapshot(
     version: &str,
     configs: &[RateLimitConfig],
 ) -> Result<RuleSet, Vec<ConfigError>> {
-    let mut errors = Vec::new();
-    let mut domains = Vec::new();
-    let mut seen = HashMap::new();
-    for (index, config) in configs.iter().enumerate() {
+    compile_trees(configs.iter().enumerate().map(|(index, config)| {
         let name = if config.name.is_empty() {
             format!("#{index}")
         } else {
             config.name.clone()
         };
         let label = format!("{}/{name}", source_label(version));
-        match compile_documents(&label, &[document(config)]) {
-            Ok(domain) => add_domain(domain, label, &mut seen, &mut domains, &mut errors),
-            Err(errs) => errors.extend(errs),
-        }
-    }
-    if errors.is_empty() {
-        Ok(RuleSet::from_domains(domains))
-    } else {
-        Err(errors)
-    }
+        (label, document(config))
+    }))
 }
 
 /// The rules-file tree of one `RateLimitConfig`. Proto3 cannot tell a field
