@@ -7,7 +7,7 @@
 //!
 //! Sluice runs in process on a manual clock, so windows only move when a
 //! test moves them; Envoy's calls made when a stream ends are
-//! fire-and-forget, so the tests wait (with a deadline) until Sluice has
+//! fire-and-forget, so the tests wait (`support::eventually`) until Sluice has
 //! answered them before going on. Clients connect from distinct loopback
 //! addresses (127.0.0.2, 127.0.0.3, …) when a test needs distinct
 //! `remote_address` values.
@@ -30,6 +30,7 @@ use sluice::limiter::ManualClock;
 use sluice::server::ServeExtras;
 use sluice::store::{MemoryStore, MemoryStoreConfig};
 use support::envoy::Envoy;
+use support::eventually::{eventually, eventually_async};
 use support::{Server, T0};
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -393,25 +394,18 @@ impl Sluice {
 
     /// Waits until Sluice has answered `n` decisions in all.
     fn wait_answered(&self, n: u64) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        let got = eventually(&format!("Sluice to answer {n} decisions"), || {
             let got = self.answered_total();
-            if got >= n {
-                assert_eq!(
-                    got,
-                    n,
-                    "more decisions than expected: {:?}",
-                    self.answered()
-                );
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Sluice answered {got} decisions, expected {n}: {:?}",
-                self.answered()
-            );
-            thread::sleep(Duration::from_millis(10));
-        }
+            (got >= n)
+                .then_some(got)
+                .ok_or(format!("{got}: {:?}", self.answered()))
+        });
+        assert_eq!(
+            got,
+            n,
+            "more decisions than expected: {:?}",
+            self.answered()
+        );
     }
 
     fn addr(&self) -> SocketAddr {
@@ -627,22 +621,17 @@ async fn the_example_configs_limits_hold_through_envoy() {
         assert_eq!(answered.get(code).copied().unwrap_or(0), 0, "{answered:?}");
     }
     let envoy = blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
+        let what = format!("Envoy to count Sluice's OK {ok}, OVER_LIMIT {over}");
+        eventually(&what, || {
             let (e_ok, e_over) = (
                 envoy.stat("cluster.app.ratelimit.ok"),
                 envoy.stat("cluster.app.ratelimit.over_limit"),
             );
-            if (e_ok, e_over) == (ok, over) {
-                assert_eq!(envoy.stat("cluster.app.ratelimit.error"), 0);
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Envoy counted ok {e_ok}, over_limit {e_over}; Sluice OK {ok}, OVER_LIMIT {over}"
-            );
-            thread::sleep(Duration::from_millis(100));
-        }
+            ((e_ok, e_over) == (ok, over))
+                .then_some(())
+                .ok_or(format!("Envoy counted ok {e_ok}, over_limit {e_over}"))
+        });
+        assert_eq!(envoy.stat("cluster.app.ratelimit.error"), 0);
         envoy
     })
     .await;
@@ -650,22 +639,22 @@ async fn the_example_configs_limits_hold_through_envoy() {
 
     // The access log names the limit and window of each refusal.
     let log = envoy.log.clone();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let lines = eventually_async("a log line for each refusal", async || {
         let lines = log.lock().unwrap().clone();
-        let refused: Vec<&String> = lines.iter().filter(|l| l.starts_with("429")).collect();
-        if refused.len() as u64 == over {
-            assert!(
-                lines.contains(&"429 per-address 60s".to_owned()),
-                "{lines:?}"
-            );
-            assert!(lines.contains(&"429 min-gap 2s".to_owned()), "{lines:?}");
-            assert!(lines.iter().any(|l| l.starts_with("200 - -")), "{lines:?}");
-            break;
+        let refused = lines.iter().filter(|l| l.starts_with("429")).count();
+        if refused as u64 == over {
+            Ok(lines)
+        } else {
+            Err(format!("access log: {lines:?}"))
         }
-        assert!(Instant::now() < deadline, "access log: {lines:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(
+        lines.contains(&"429 per-address 60s".to_owned()),
+        "{lines:?}"
+    );
+    assert!(lines.contains(&"429 min-gap 2s".to_owned()), "{lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with("200 - -")), "{lines:?}");
     drop(envoy);
     sluice.server.stop().await;
 }
@@ -810,15 +799,10 @@ async fn concurrency_slots_are_taken_released_and_leased() {
                 .collect()
         };
         let wait_held = |n: u64| {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while a.held.load(Ordering::SeqCst) != n {
-                assert!(
-                    Instant::now() < deadline,
-                    "{} held, expected {n}",
-                    a.held.load(Ordering::SeqCst)
-                );
-                thread::sleep(Duration::from_millis(10));
-            }
+            eventually(&format!("{n} requests held"), || {
+                let held = a.held.load(Ordering::SeqCst);
+                (held == n).then_some(()).ok_or(format!("{held} held"))
+            })
         };
 
         // Three requests held open by a slow application take the 3 slots.

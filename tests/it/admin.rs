@@ -16,6 +16,7 @@ use sluice::store::{
     TimeSource,
 };
 use sluice::telemetry::metrics::{Metrics, MetricsConfig};
+use support::eventually::eventually_async;
 use support::redis::RedisServer;
 use support::{Server, T0, http, redis_store, rules};
 
@@ -295,27 +296,20 @@ async fn readiness_follows_the_redis_connection() {
     assert_eq!(call(&server, "GET", "/readyz", String::new()).await.0, 200);
     redis.stop();
     // Wait for the client to notice (an event, bounded by a deadline).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while call(&server, "GET", "/readyz", String::new()).await.0 != 503 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still ready with Redis down"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async("not ready with Redis down", async || {
+        call(&server, "GET", "/readyz", String::new()).await.0 == 503
+    })
+    .await;
     assert_eq!(
         call(&server, "GET", "/healthz", String::new()).await.0,
         200,
         "alive though not ready"
     );
     redis.restart();
-    while call(&server, "GET", "/readyz", String::new()).await.0 != 200 {
-        assert!(
-            std::time::Instant::now() < deadline + Duration::from_secs(10),
-            "not ready after Redis returned"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async("ready after Redis returned", async || {
+        call(&server, "GET", "/readyz", String::new()).await.0 == 200
+    })
+    .await;
     server.stop().await;
 }
 
@@ -351,23 +345,16 @@ async fn grpc_health_turns_not_serving_with_redis_down_and_back() {
     // Every name (and `/readyz`) until each says `want`, or a deadline.
     let all_become =
         async |want: ServingStatus, health: &mut HealthClient<tonic::transport::Channel>| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
             for name in [
                 "",
                 "envoy.service.ratelimit.v3.RateLimitService",
                 "ratelimit",
             ] {
-                loop {
+                eventually_async(&format!("health of {name:?} to be {want:?}"), async || {
                     let status = health.check(request(name)).await.expect("check");
-                    if status.into_inner().status == want as i32 {
-                        break;
-                    }
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "health of {name:?} never became {want:?}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                    status.into_inner().status == want as i32
+                })
+                .await;
             }
             let readyz = call(&server, "GET", "/readyz", String::new()).await.0;
             assert_eq!(
@@ -527,18 +514,13 @@ async fn a_configmap_swap_reloads_and_a_broken_file_keeps_the_old_rules() {
         let (_, text) = http(http_addr, "GET", "/metrics", "");
         text
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while !tokio::task::spawn_blocking(metrics)
-        .await
-        .unwrap()
-        .contains(r#"sluice_rules_reloads_total{result="error"} 1"#)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the broken reload was not counted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async("the broken reload to be counted", async || {
+        tokio::task::spawn_blocking(metrics)
+            .await
+            .unwrap()
+            .contains(r#"sluice_rules_reloads_total{result="error"} 1"#)
+    })
+    .await;
     assert_eq!(
         admitted(&grpc, "cm", "old").await,
         Some(true),
@@ -552,13 +534,10 @@ async fn a_configmap_swap_reloads_and_a_broken_file_keeps_the_old_rules() {
         "domain: cm\ndescriptors:\n  - key: new\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
     );
     swap("..v3");
-    while admitted(&grpc, "cm", "new").await != Some(true) {
-        assert!(
-            std::time::Instant::now() < deadline + Duration::from_secs(15),
-            "the good swap never took effect"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async("the good swap to take effect", async || {
+        admitted(&grpc, "cm", "new").await == Some(true)
+    })
+    .await;
     assert_eq!(
         admitted(&grpc, "cm", "old").await,
         Some(false),

@@ -19,6 +19,7 @@ use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::server::{ConnLimits, GrpcLimits, ServeOptions};
 use sluice::store::{MemoryStore, MemoryStoreConfig};
+use support::eventually::eventually_async;
 use support::{Server, T0, envoy_request, rules};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -138,15 +139,11 @@ async fn metrics_at(addr: SocketAddr) -> String {
 
 /// Polls `/metrics` until it has `line`.
 async fn wait_for_metric(server: &Server, line: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    eventually_async(&format!("`{line}` on /metrics"), async || {
         let text = metrics(server).await;
-        if text.lines().any(|l| l == line) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no `{line}` in\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        text.lines().any(|l| l == line).then_some(()).ok_or(text)
+    })
+    .await;
 }
 
 /// Reads until the server closes the connection; what it sent.
@@ -469,16 +466,13 @@ async fn a_full_listener_refuses_new_connections_clearly() {
     ];
 
     // gRPC: SETTINGS then GOAWAY(REFUSED_STREAM) saying why, then closed.
-    let deadline = Instant::now() + PATIENCE;
-    let refusal = loop {
+    let refusal = eventually_async("a refusal", async || {
         let mut third = TcpStream::connect(server.grpc).await.unwrap();
         let received = read_to_close(&mut third).await;
         // The two before may not have been accepted yet; then this one was.
-        if !received.is_empty() {
-            break received;
-        }
-        assert!(Instant::now() < deadline, "never refused");
-    };
+        (!received.is_empty()).then_some(received)
+    })
+    .await;
     let (frames, _) = frames::parse(&refusal);
     let goaway = frames
         .iter()
@@ -499,30 +493,22 @@ async fn a_full_listener_refuses_new_connections_clearly() {
     // A connection that goes makes room at once.
     grpc_silent.pop();
     http_silent.pop();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    let text = eventually_async("the closed connection to stop counting", async || {
         let text = metrics(&server).await;
-        if text.contains("sluice_connections_open{listener=\"grpc\"} 1") {
-            let line = r#"sluice_connections_refused_total{listener="grpc"} 1"#;
-            assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
-            // Scrapes made before the closed connection was noticed count
-            // as refused too.
-            let http_refused: u64 = text
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix(r#"sluice_connections_refused_total{listener="http"} "#)
-                })
-                .and_then(|v| v.parse().ok())
-                .expect("the http refusal series");
-            assert!(http_refused >= 1, "{text}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the closed connection still counts\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let open = text.contains("sluice_connections_open{listener=\"grpc\"} 1");
+        if open { Ok(text) } else { Err(text) }
+    })
+    .await;
+    let line = r#"sluice_connections_refused_total{listener="grpc"} 1"#;
+    assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+    // Scrapes made before the closed connection was noticed count
+    // as refused too.
+    let http_refused: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"sluice_connections_refused_total{listener="http"} "#))
+        .and_then(|v| v.parse().ok())
+        .expect("the http refusal series");
+    assert!(http_refused >= 1, "{text}");
     rls_ok(&server).await;
     drop((grpc_silent, http_silent));
     server.stop().await;
@@ -574,14 +560,8 @@ async fn the_debug_port_closes_silent_connections_and_has_a_cap() {
     })
     .await;
     // The server binds the debug port in its own task: wait for it.
-    let deadline = Instant::now() + PATIENCE;
-    let mut silent = loop {
-        match TcpStream::connect(debug).await {
-            Ok(tcp) => break tcp,
-            Err(e) => assert!(Instant::now() < deadline, "no debug port: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let mut silent =
+        eventually_async("the debug port", async || TcpStream::connect(debug).await).await;
     read_to_close(&mut silent).await;
     wait_for_metric(
         &server,
@@ -817,20 +797,16 @@ async fn silent_connections_cannot_exhaust_file_descriptors() {
     assert_eq!((status, body.as_str()), (200, "ok\n"));
     // The excess is refused, not left waiting (the accept loop may still be
     // working through the backlog: poll).
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    eventually_async("a refusal", async || {
         let text = metrics_at(http).await;
         let refused: u64 = text
             .lines()
             .find_map(|l| l.strip_prefix(r#"sluice_connections_refused_total{listener="grpc"} "#))
             .and_then(|v| v.parse().ok())
             .expect("the refusal series");
-        if refused > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "nothing refused\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (refused > 0).then_some(()).ok_or(text)
+    })
+    .await;
     drop(silent);
     drop(process);
 }

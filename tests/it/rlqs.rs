@@ -20,6 +20,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::store::TimeSource;
+use support::eventually::eventually_async;
 use support::redis::RedisServer;
 use support::{Server, http};
 use tokio::sync::mpsc;
@@ -379,18 +380,11 @@ async fn replicas_sharing_redis_split_one_budget_between_their_streams() {
     // last field, so Envoys coming and going leave nothing in Redis. (The
     // closes run on the streams' own tasks: polled, with a deadline.)
     let port = redis.port();
-    let deadline = std::time::Instant::now() + GUARD;
-    loop {
+    eventually_async("no RLQS hash left in Redis", async || {
         let keys = support::redis::query(port, &["KEYS", "*rlqs:*"]);
-        if keys.items().is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "RLQS hashes left in Redis: {keys}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        keys.items().is_empty().then_some(()).ok_or(keys)
+    })
+    .await;
 }
 
 #[tokio::test]

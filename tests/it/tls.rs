@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use support::certs::{Ca, Leaf, channel, client_config, handshake};
+use support::eventually::eventually_async;
 use support::{OK, request, rules};
 
 const RULES: &str = r#"
@@ -32,9 +33,6 @@ descriptors:
   - key: client
     rate_limit: {unit: minute, requests_per_unit: 100}
 "#;
-
-/// How long a rotation may take to be seen (the server looks every 2 s).
-const ROTATION_DEADLINE: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------- files
 
@@ -186,20 +184,13 @@ async fn answered(addr: SocketAddr, config: Arc<ClientConfig>) -> bool {
 
 /// Polls new connections until the server shows `expected`.
 async fn await_certificate(addr: SocketAddr, config: Arc<ClientConfig>, expected: &Leaf) {
-    let deadline = tokio::time::Instant::now() + ROTATION_DEADLINE;
-    loop {
+    eventually_async("the server to show the new certificate", async || {
         // A client trusting only a new CA refuses the old certificate.
-        if let Ok(tls) = handshake(addr, config.clone()).await
-            && tls.get_ref().1.peer_certificates().unwrap()[0] == expected.der
-        {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the server still shows the old certificate"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        handshake(addr, config.clone())
+            .await
+            .is_ok_and(|tls| tls.get_ref().1.peer_certificates().unwrap()[0] == expected.der)
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------- tests
@@ -372,14 +363,10 @@ const HANDSHAKE_FAILURES: &str = r#"sluice_tls_handshake_failures_total{listener
 /// Waits until `server` has counted a refused handshake (the client may see
 /// the refusal before the server's task counts it).
 async fn await_handshake_failure(server: &Running) {
-    let deadline = tokio::time::Instant::now() + ROTATION_DEADLINE;
-    while server.metric(HANDSHAKE_FAILURES).await == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the refused handshake was not counted"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async("the refused handshake to be counted", async || {
+        server.metric(HANDSHAKE_FAILURES).await != 0
+    })
+    .await;
 }
 
 /// A server with mutual TLS against `ca`, its CA and volume.
@@ -488,14 +475,10 @@ async fn a_broken_replacement_keeps_the_certificate_in_force() {
         &files.key,
         "-----BEGIN PRIVATE KEY-----\nbroken\n-----END PRIVATE KEY-----\n",
     );
-    let deadline = tokio::time::Instant::now() + ROTATION_DEADLINE;
-    while server.metric(errors).await == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the broken key was never noticed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async("the broken key to be noticed", async || {
+        server.metric(errors).await != 0
+    })
+    .await;
 
     let config = client_config(&ca, None);
     assert_eq!(

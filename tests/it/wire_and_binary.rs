@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice::headers::HeaderMode;
+use support::eventually::eventually;
 use support::{Server, envoy_request, start_binary};
 
 const RULES: &str = r#"
@@ -308,18 +309,10 @@ fn sigterm_does_not_wait_forever_for_an_open_stream() {
             .success()
     );
     // A guard against a hang, far above the 300 ms grace.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = server.0.try_wait().unwrap() {
-            assert!(status.success(), "{status:?}");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sluice did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let status = eventually("sluice to exit after SIGTERM", || {
+        server.0.try_wait().unwrap()
+    });
+    assert!(status.success(), "{status:?}");
 }
 
 // ---------------------------------------------------------------------------

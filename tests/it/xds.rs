@@ -5,7 +5,7 @@
 //! decisions the tests check.
 //!
 //! No test sleeps for time: each waits for the next request the server sees,
-//! or polls for an event, bounded by [`TIMEOUT`].
+//! bounded by [`TIMEOUT`], or polls for an event (`support::eventually`).
 
 use crate::support;
 
@@ -30,8 +30,9 @@ use sluice::xds::{self, NO_CONFIG, TYPE_URL, XdsConfig, XdsHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use support::ads::{Management, TIMEOUT, mutual_tls, poll};
+use support::ads::{Management, TIMEOUT, mutual_tls};
 use support::certs::Ca;
+use support::eventually::eventually_async;
 use support::{OK, OVER, T0, descriptor, request};
 
 // ------------------------------------------------------------- the rules
@@ -306,7 +307,10 @@ async fn force_start_serves_before_config_with_upstreams_error() {
     assert_eq!(error.message(), NO_CONFIG);
 
     server.push("v1", vec![per_minute("xds", 2)]);
-    poll(|| (forced.handle.has_config() && waiting.handle.has_config()).then_some(())).await;
+    eventually_async("both servers to have the rules", async || {
+        forced.handle.has_config() && waiting.handle.has_config()
+    })
+    .await;
     assert!(waiting.handle.ready());
     let answer = gated
         .should_rate_limit(tonic::Request::new(request("xds", &[&[("k", "v")]])))

@@ -6,7 +6,7 @@
 use crate::support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use sluice::limiter::{Algorithm, LimitSpec, ManualClock, Window};
@@ -14,6 +14,7 @@ use sluice::store::{
     Batch, BatchOutcome, Coalescing, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
     TimeSource,
 };
+use support::eventually::eventually_async;
 use support::redis::RedisServer;
 
 const LIMIT: u64 = 100;
@@ -63,17 +64,13 @@ async fn wait_for_one_call(store: &RedisStore, waiting: usize) {
     .await;
 }
 
-/// Polls (at most 10 s) until the store coalesces `want`.
+/// Polls until the store coalesces `want`.
 async fn wait_for(store: &RedisStore, want: Coalescing) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store.coalescing() != want {
-        assert!(
-            Instant::now() < deadline,
-            "coalescing {:?}, never {want:?}",
-            store.coalescing()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually_async(&format!("coalescing {want:?}"), async || {
+        let now = store.coalescing();
+        (now == want).then_some(()).ok_or(format!("{now:?}"))
+    })
+    .await;
 }
 
 /// Checks that `answers` (weight, outcome) are what deciding the requests

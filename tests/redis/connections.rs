@@ -20,6 +20,7 @@ use sluice::store::{
     TimeSource,
 };
 use support::certs::Ca;
+use support::eventually::{eventually, eventually_async};
 use support::per_minute;
 use support::redis::{RedisServer, Reply, free_port};
 
@@ -261,15 +262,6 @@ async fn a_unix_socket_reaches_the_same_counters() {
 
 // --------------------------------------------------------------- Sentinel
 
-/// Polls `check` until it holds; panics after `limit` naming `what`.
-fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(Instant::now() < deadline, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The port of the primary `sentinel` names for `mymaster`.
 fn named_primary(sentinel: &RedisServer) -> String {
     let reply = sentinel.query(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
@@ -296,17 +288,13 @@ async fn watched_by_a_sentinel(name: &str) -> Watched {
     let replica =
         RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
     let sentinel = RedisServer::start_sentinel(primary.port());
-    wait_for(
-        "the sentinel to find the replica",
-        Duration::from_secs(30),
-        || {
-            sentinel
-                .query(&["SENTINEL", "REPLICAS", "mymaster"])
-                .items()
-                .len()
-                == 1
-        },
-    );
+    eventually("the sentinel to find the replica", || {
+        sentinel
+            .query(&["SENTINEL", "REPLICAS", "mymaster"])
+            .items()
+            .len()
+            == 1
+    });
     let url = format!("redis-sentinel://127.0.0.1:{}/mymaster", sentinel.port());
     let store = connect(&config(&url, RedisTls::default(), None))
         .await
@@ -341,11 +329,9 @@ async fn a_sentinel_primary_is_followed_through_a_failover_with_its_counters() {
     let failover = sentinel.query(&["SENTINEL", "FAILOVER", "mymaster"]);
     assert!(!failover.is_error(), "{failover}");
     let replica_port = replica.port().to_string();
-    wait_for(
-        "the sentinel to name the replica",
-        Duration::from_secs(30),
-        || named_primary(&sentinel) == replica_port,
-    );
+    eventually("the sentinel to name the replica", || {
+        named_primary(&sentinel) == replica_port
+    });
     // Calls on the old primary's connections fail (Sentinel closes them)
     // until the store has reconnected to the new one; none counts twice.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -394,11 +380,9 @@ async fn a_sentinel_primary_whose_host_is_lost_is_left_for_the_promoted_replica(
     // promotes the replica.
     primary.pause();
     let replica_port = replica.port().to_string();
-    wait_for(
-        "the sentinel to promote the replica",
-        Duration::from_secs(60),
-        || named_primary(&sentinel) == replica_port,
-    );
+    eventually("the sentinel to promote the replica", || {
+        named_primary(&sentinel) == replica_port
+    });
     // The store's connection to the lost primary never breaks by itself:
     // it is replaced once its PING goes unanswered, and dialled again
     // through the sentinel. Calls until then time out (they reached a
@@ -458,11 +442,7 @@ async fn a_connection_answered_readonly_is_dialled_again() {
     );
     // The connection that answered READONLY is dialled again (here to the
     // same replica, where a moved name would find the new primary).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while received() <= before {
-        assert!(Instant::now() < deadline, "the store never dialled again");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async("the store to dial again", async || received() > before).await;
 }
 
 #[tokio::test]

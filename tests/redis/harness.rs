@@ -1,31 +1,17 @@
 //! Checks of the Redis test harness itself: it starts real `redis-server`
 //! processes, and they never outlive their owner.
 
+use crate::support::eventually::eventually;
 use crate::support::redis;
 
 use std::io;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{
     CLUSTER_SLOTS, RedisCluster, RedisServer, Reply, accepts_connections, command, key_slot, ping,
 };
-
-/// Polls `condition` until it holds or `timeout` passes.
-fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn process_exists(pid: u32) -> bool {
     Command::new("kill")
@@ -263,15 +249,12 @@ fn leak_and_check(mode: &str) {
     let port: u16 = fields.next().unwrap().parse().unwrap();
     let pid: u32 = fields.next().unwrap().parse().unwrap();
     let dir = std::path::PathBuf::from(fields.next().unwrap());
-    assert!(
-        eventually(Duration::from_secs(5), || !process_exists(pid)),
-        "redis-server {pid} outlived its test process ({mode})"
+    eventually(
+        &format!("redis-server {pid} to end with its test process ({mode})"),
+        || !process_exists(pid),
     );
     assert!(!accepts_connections(port));
-    assert!(
-        eventually(Duration::from_secs(5), || !dir.exists()),
-        "{dir:?} left behind ({mode})"
-    );
+    eventually(&format!("{dir:?} to be removed ({mode})"), || !dir.exists());
 }
 
 #[test]

@@ -16,6 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::store::{RedisStore, RedisStoreConfig, RedisUrl, TimeSource};
+use support::eventually::eventually_async;
 use support::redis::{RedisServer, shared, shared_cluster};
 use support::{Server, T0, start_binary};
 use tonic::transport::Channel;
@@ -312,24 +313,18 @@ async fn hostile_values_never_share_a_counter_or_choose_a_slot() {
     server.stop().await;
 }
 
-/// Calls until the answer is OK or `deadline` passes (waits for a process to
-/// come back, not for time to pass), returning the first OK response.
+/// Calls until the answer is OK (waits for a process to come back, not for
+/// time to pass), returning the first OK response.
 async fn until_ok(
     c: &mut RateLimitServiceClient<Channel>,
     req: &RateLimitRequest,
-    deadline: Duration,
 ) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse {
-    let start = Instant::now();
-    loop {
-        if let Ok(r) = c.should_rate_limit(req.clone()).await {
-            return r.into_inner();
-        }
-        assert!(
-            start.elapsed() < deadline,
-            "no recovery within {deadline:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async("an OK answer (recovery)", async || {
+        c.should_rate_limit(req.clone())
+            .await
+            .map(|r| r.into_inner())
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,7 +360,7 @@ async fn a_killed_redis_gives_unavailable_fast_and_recovery_is_clean() {
     // A retry that timed out while Redis came back may still have run, so
     // this key's count is only known to have started again.
     redis.restart();
-    let r = until_ok(&mut c, &req, Duration::from_secs(15)).await;
+    let r = until_ok(&mut c, &req).await;
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert!(r.statuses[0].limit_remaining <= 4, "{r:?}");
     // A key no request touched during the outage counts exactly.
@@ -414,18 +409,13 @@ async fn a_hung_redis_times_out_as_unavailable_and_recovers() {
     let mut check = req.clone();
     check.descriptors[0].hits_addend =
         Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
-    let start = Instant::now();
-    loop {
-        let r = until_ok(&mut c, &check, Duration::from_secs(15)).await;
-        if r.statuses[0].limit_remaining == 4 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "the timed-out calls were never refunded: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async("the timed-out calls to be refunded", async || {
+        let r = until_ok(&mut c, &check).await;
+        (r.statuses[0].limit_remaining == 4)
+            .then_some(())
+            .ok_or(format!("{r:?}"))
+    })
+    .await;
     // The next request is the second one counted.
     let r = c.should_rate_limit(req.clone()).await.unwrap().into_inner();
     assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
@@ -460,18 +450,14 @@ async fn a_refund_that_fails_is_counted_on_the_metrics_page() {
     let answer = redis.spoil_refund(&key, c.should_rate_limit(req)).await;
     assert_eq!(answer.unwrap_err().code(), tonic::Code::Unavailable);
     let metric = "sluice_store_refund_failures_total 1";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually_async(&format!("`{metric}` on the metrics page"), async || {
         let (_, page) =
             tokio::task::spawn_blocking(move || support::http(http, "GET", "/metrics", ""))
                 .await
                 .unwrap();
-        if page.lines().any(|l| l == metric) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no `{metric}` in\n{page}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        page.lines().any(|l| l == metric).then_some(()).ok_or(page)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@
 use crate::support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use sluice::limiter::{Counting, ManualClock};
@@ -18,6 +18,7 @@ use sluice::store::{
     StoreError, TimeSource,
 };
 use sluice::telemetry::metrics::{Metrics, MetricsConfig};
+use support::eventually::eventually_async;
 use support::per_minute;
 use support::redis::{RedisCluster, RedisServer, key_slot};
 
@@ -93,51 +94,39 @@ fn evalsha_calls(port: u16) -> u64 {
     support::redis::command_calls(port, "evalsha")
 }
 
-/// Polls (at most 10 s) until the server on `port` has run `n` `EVALSHA`s.
+/// Polls until the server on `port` has run `n` `EVALSHA`s.
 async fn wait_evalsha(port: u16, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while evalsha_calls(port) < n {
-        assert!(Instant::now() < deadline, "Redis never ran the {n} scripts");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("Redis to run the {n} scripts");
+    eventually_async(&what, async || evalsha_calls(port) >= n).await;
 }
 
-/// Polls (at most 10 s) until `store` has no refund call in flight, then
-/// says that none of its refund calls failed.
+/// Polls until `store` has no refund call in flight, then says that none of
+/// its refund calls failed.
 async fn expect_refunds_made(store: &RedisStore) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let refunds = eventually_async("the refunds to be answered", async || {
         let refunds = store.refunds();
-        if refunds.in_flight == 0 {
-            assert_eq!(refunds.failed, 0, "refund calls failed: {refunds:?}");
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "refunds never answered: {refunds:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        (refunds.in_flight == 0)
+            .then_some(refunds)
+            .ok_or(format!("{refunds:?}"))
+    })
+    .await;
+    assert_eq!(refunds.failed, 0, "refund calls failed: {refunds:?}");
 }
 
-/// Polls (at most 10 s) until `name`'s counter holds `want`, read by
-/// `reader`; fails with what it holds otherwise.
+/// Polls until `name`'s counter holds `want`, read by `reader`; fails with
+/// what it holds otherwise.
 async fn expect_counter(reader: &RedisStore, name: &str, want: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let what = format!("counter {name} to hold the {want} hits callers were told were admitted");
+    eventually_async(&what, async || {
         let read = Batch {
             items: vec![item(name, 0)],
         };
         let used = reader.apply(&read).await.expect("a read answers").limits[0].used;
-        if used == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "counter {name} holds {used}, but callers were told of {want} admitted hits"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (used == want)
+            .then_some(())
+            .ok_or(format!("it holds {used}"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,11 +150,13 @@ async fn calls_that_time_out_after_their_script_ran_are_refunded() {
     expect_refunds_made(&store).await;
     // Each late reply is counted as it is reconciled.
     let answered = metrics.reconcile_counters().answered;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while answered.get() < 200 {
-        assert!(Instant::now() < deadline, "{} reconciled", answered.get());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_async("200 calls reconciled", async || {
+        let reconciled = answered.get();
+        (reconciled >= 200)
+            .then_some(())
+            .ok_or(format!("{reconciled} reconciled"))
+    })
+    .await;
     let exposed = metrics.encode();
     for line in [
         r#"sluice_store_reconciliations_total{outcome="answered"} 200"#,
@@ -262,11 +253,7 @@ async fn a_refund_that_fails_is_counted_and_shown_in_the_metrics() {
         "{outcome:?}"
     );
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store.refunds().failed == 0 {
-        assert!(Instant::now() < deadline, "the refund never failed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_async("the refund to fail", async || store.refunds().failed != 0).await;
     assert_eq!(
         store.refunds(),
         sluice::store::Refunds {

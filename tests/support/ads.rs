@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::eventually::eventually_async;
 use parking_lot::Mutex;
 use prost::Message;
 use rustls::ServerConfig;
@@ -254,7 +255,8 @@ impl Management {
 
     /// The nonce of the last response sent for `version`, once sent.
     pub async fn nonce_of(&self, version: &str) -> String {
-        poll(|| {
+        let what = format!("a response for version {version}");
+        eventually_async(&what, async || {
             self.sent
                 .lock()
                 .iter()
@@ -272,7 +274,11 @@ impl Management {
 
     /// The nonce of the `index`-th response, once sent.
     pub async fn nonce_at(&self, index: usize) -> String {
-        poll(|| self.sent.lock().get(index).map(|(_, n)| n.clone())).await
+        let what = format!("response {index}");
+        eventually_async(&what, async || {
+            self.sent.lock().get(index).map(|(_, n)| n.clone())
+        })
+        .await
     }
 }
 
@@ -299,20 +305,5 @@ async fn accept_tls(
                 let _ = accepted.send(Ok(tls)).await;
             }
         });
-    }
-}
-
-/// Polls `f` until it yields, bounded by [`TIMEOUT`].
-pub async fn poll<T>(mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "event not seen in time"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -94,11 +93,7 @@ impl Envoy {
             log,
             _dir: dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(front).is_err() {
-            assert!(Instant::now() < deadline, "Envoy did not start listening");
-            thread::sleep(Duration::from_millis(50));
-        }
+        super::eventually::eventually("Envoy to listen", || TcpStream::connect(front));
         envoy
     }
 

@@ -6,6 +6,7 @@
 pub mod ads;
 pub mod certs;
 pub mod envoy;
+pub mod eventually;
 pub mod redis;
 pub mod statsd;
 
@@ -304,11 +305,10 @@ pub fn ratelimit_binary(dir: &std::path::Path) -> std::path::PathBuf {
     binary
 }
 
-/// Polls `path` on `addr` until it answers `status`, for at most 20 s;
-/// returns the body of that answer.
+/// Polls `path` on `addr` until it answers `status`; returns the body of
+/// that answer.
 pub fn wait_for_http(addr: SocketAddr, path: &str, status: u16) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually::eventually(&format!("{addr}{path} to answer {status}"), || {
         // Not listening yet: try again.
         let (got, body) = if std::net::TcpStream::connect(addr).is_ok() {
             let (got, _, body) = http_exchange(addr, "GET", path, "");
@@ -317,14 +317,11 @@ pub fn wait_for_http(addr: SocketAddr, path: &str, status: u16) -> String {
             (0, String::new())
         };
         if got == status {
-            return body;
+            Ok(body)
+        } else {
+            Err(format!("{got}: {body}"))
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{addr}{path} never answered {status} (last {got}: {body})"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
 }
 
 /// A key prefix no other test in this process uses, so tests can share one

@@ -45,6 +45,7 @@ use support::Process;
 use support::ads::{Management, mutual_tls};
 use support::certs::{Ca, Leaf, chain_only_client_config, channel};
 use support::envoy::{Envoy, application};
+use support::eventually::eventually_async;
 use support::redis::{RedisServer, free_port};
 use support::statsd::StatsdListener;
 
@@ -207,14 +208,10 @@ async fn both_stats_sinks_at_once_are_refused_as_upstream_does() {
     // EG's override-env render: USE_STATSD=true from the user on top of
     // EG's Prometheus variables. Upstream exits at start; so must Sluice.
     let mut pod = Pod::start(Render::BothSinks).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = pod.process.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "it kept running");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = eventually_async("the binary to exit", async || {
+        pod.process.0.try_wait().unwrap()
+    })
+    .await;
     assert!(!status.success(), "{status:?}");
     let log = std::fs::read_to_string(pod.dir.path().join("ratelimit.log")).unwrap();
     assert!(log.contains("USE_PROMETHEUS"), "{log}");
