@@ -13,7 +13,6 @@
 //! unless `admin_counters` is set: anyone who reaches the admin port could
 //! otherwise refill any client's budget.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,7 +26,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decision::{DecideError, Limiter, outcome_code};
 use crate::headers::HeaderMode;
-use crate::limiter::Algorithm;
 use crate::query::DescriptorArg;
 use crate::request::{Descriptor, Entry, Request};
 use crate::rules::RuleSet;
@@ -160,55 +158,9 @@ async fn rlconfig<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> String
     describe_rules(&admin.limiter.rules())
 }
 
-/// Per domain, where it came from (`# domain NAME from SOURCE`: a file path,
-/// or `xds:VERSION/RESOURCE`), then one line per rule:
-/// `domain/key=value/key: limits; flags`.
+/// The rules as `/rlconfig` shows them: [`RuleSet`]'s `Display`.
 pub fn describe_rules(rules: &RuleSet) -> String {
-    let mut out = String::new();
-    for domain in rules.domains() {
-        let _ = writeln!(out, "# domain {} from {}", domain.name(), domain.source());
-        for rule in domain.rules() {
-            let _ = write!(out, "{}: ", rule.path);
-            if rule.unlimited {
-                out.push_str("unlimited");
-            }
-            for (i, limit) in rule.limits.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(" | ");
-                }
-                let spec = &limit.spec;
-                let _ = write!(
-                    out,
-                    "requests_per_unit={} window={}ms unit={:?} algorithm={}",
-                    spec.requests,
-                    spec.window.duration_ms,
-                    limit.unit,
-                    spec.window.algorithm.name()
-                );
-                match spec.window.algorithm {
-                    Algorithm::SlidingWindow { precision_ms } => {
-                        let _ = write!(out, " precision={precision_ms}ms");
-                    }
-                    Algorithm::TokenBucket { burst } => {
-                        let _ = write!(out, " burst={burst}");
-                    }
-                    _ => {}
-                }
-                if let Some(name) = &limit.name {
-                    let _ = write!(out, " name={name}");
-                }
-                if !limit.replaces.is_empty() {
-                    let _ = write!(out, " replaces={}", limit.replaces.join(","));
-                }
-            }
-            let _ = writeln!(
-                out,
-                "; role={:?} detailed_metric={}",
-                rule.role, rule.detailed_metric
-            );
-        }
-    }
-    out
+    rules.to_string()
 }
 
 /// Whether a query asks for a peek: `peek`, `peek=true` or `peek=1`.
