@@ -65,8 +65,9 @@ pub struct BenchArgs {
         default_value = "user_id={key}"
     )]
     pub descriptors: Vec<DescriptorTemplate>,
-    /// Distinct keys
-    #[arg(long, default_value_t = 10_000)]
+    /// Distinct keys (identities) the requests spread over: real traffic's
+    /// shape is many, uniform or Zipf; 1 is a single hot identity
+    #[arg(long, default_value_t = 100_000)]
     pub keys: u64,
     /// How keys are drawn
     #[arg(long, value_enum, default_value_t = Distribution::Uniform)]

@@ -173,7 +173,8 @@ fn upstream_observe(
     results: &[LimitOutcome],
     (admitted, from_cache): (bool, bool),
 ) {
-    use crate::telemetry::upstream::{RuleCounts, detailed_stats_key};
+    use crate::rules::detailed_stats_key;
+    use crate::telemetry::upstream::RuleCounts;
     let Some(rule) = limited.rule else { return };
     let Some((limit, result)) = limited
         .limits

@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::alloc::Budget;
-use super::state::{Assignment, BucketKey};
+use super::types::{Assignment, BucketKey};
 
 /// Most buckets with their own demand and budget series.
 pub const MAX_BUCKET_SERIES: usize = 1_000;
@@ -116,6 +116,13 @@ impl Default for RlqsMetrics {
             "The global budget of a bucket in requests per second (absent: allow-all)",
             metrics.budget.clone(),
         );
+        // At zero from the start, so a panel or an alert on their rate has
+        // data before the first assignment.
+        for kind in ["token_bucket", "allow_all", "deny_all"] {
+            metrics.assignments.get_or_create_owned(&KindLabels {
+                kind: kind.to_owned(),
+            });
+        }
         Self {
             registry,
             ..metrics

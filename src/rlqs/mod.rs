@@ -158,6 +158,7 @@ pub mod metrics;
 pub mod redis;
 pub mod service;
 pub mod state;
+pub mod types;
 
 use std::sync::Arc;
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::alloc::REPORT_INTERVAL_MS;
-use super::state::{BucketKey, Published, Remote};
+use super::types::{BucketKey, Published, Remote};
 use crate::store::{LuaScript, ScriptRunner, StoreError};
 
 /// A stream's field lives this long without a refresh: three reports.

@@ -19,9 +19,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::alloc::MAX_TOKENS;
 use super::redis::RedisBoard;
-use super::state::{
-    ASSIGNMENT_TTL_SECS, Action, Assignment, Outbox, Pending, Remote, Rlqs, StreamId, Usage,
-};
+use super::state::{Pending, Rlqs};
+use super::types::{ASSIGNMENT_TTL_SECS, Action, Assignment, Outbox, Remote, StreamId, Usage};
 use crate::proto::rlqs as pb;
 use pb::rate_limit_quota_response::{BucketAction, bucket_action};
 

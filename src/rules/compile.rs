@@ -2,13 +2,13 @@
 //! (not only the first) with its file, line and rule path; a file with any
 //! error yields no domain, so a bad file can never be half loaded.
 
-use crate::telemetry::upstream::{sanitize, stats_key};
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::duration::{parse_duration, parse_unit};
+use super::stats_key::{sanitize, stats_key};
 use super::wildcard::Pattern;
 use super::yaml::{self, Kind, Node as Yaml};
 use super::{Annotations, ConfigError, Domain, KeyRules, Level, Limit, Node, Rule, RuleSet};
@@ -264,10 +264,33 @@ pub fn parse_domain(file: &str, bytes: &[u8]) -> Result<Domain, Vec<ConfigError>
     compile_documents(file, &docs)
 }
 
+/// Compiles rules that arrive as trees rather than files, each with the
+/// label its errors name: xDS resources, built from the protobuf by
+/// `xds::convert`. The same checks, and the same rule for a duplicate
+/// domain, as files.
+pub fn compile_trees(
+    trees: impl IntoIterator<Item = (String, Yaml)>,
+) -> Result<RuleSet, Vec<ConfigError>> {
+    let mut errors = Vec::new();
+    let mut domains = Vec::new();
+    let mut seen = HashMap::new();
+    for (label, tree) in trees {
+        match compile_documents(&label, &[tree]) {
+            Ok(domain) => add_domain(domain, label, &mut seen, &mut domains, &mut errors),
+            Err(errs) => errors.extend(errs),
+        }
+    }
+    if errors.is_empty() {
+        Ok(RuleSet::from_domains(domains))
+    } else {
+        Err(errors)
+    }
+}
+
 /// Compiles the documents of one rules source (exactly one is expected) into
 /// its domain. Files reach it through [`parse_domain`]; xDS resources through
-/// `rules::xds`, as trees built from the protobuf, so both are validated by
-/// the same code.
+/// [`compile_trees`], as trees built from the protobuf, so both are validated
+/// by the same code.
 pub(crate) fn compile_documents(file: &str, docs: &[Yaml]) -> Result<Domain, Vec<ConfigError>> {
     let mut compiler = Compiler {
         file,

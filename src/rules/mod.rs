@@ -10,9 +10,9 @@
 mod compile;
 mod display;
 mod duration;
+mod stats_key;
 mod wildcard;
-pub mod xds;
-mod yaml;
+pub mod yaml;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -20,9 +20,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use compile::{
-    DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, MAX_PATH_BYTES, load_paths, parse_domain,
+    DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, MAX_PATH_BYTES, compile_trees, load_paths,
+    parse_domain,
 };
 pub use duration::{parse_duration, parse_unit};
+pub use stats_key::{detailed_stats_key, sanitize, stats_key};
 pub use wildcard::Pattern;
 
 use crate::limiter::{Counting, Identity, IdentityBuilder, LimitSpec, Role, Unit};
@@ -114,7 +116,7 @@ pub struct Rule {
     /// it for the price of a reference count.
     pub annotations: Arc<Annotations>,
     /// Upstream's stats key, `domain.k1_v1.k2…` from the config (see
-    /// `telemetry::upstream::stats_key`), built once here.
+    /// [`stats_key()`]), built once here.
     pub stats_key: String,
 }
 

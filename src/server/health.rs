@@ -2,7 +2,7 @@
 //! `grpc.health.v1.Health` ([`readiness`]). gRPC health asks it as the admin
 //! routes do: `Check` asks it at the moment of the call, and
 //! `Watch` streams its changes, which a task looks for every
-//! [`READINESS_POLL`] and at once on shutdown.
+//! `READINESS_POLL` and at once on shutdown.
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -105,7 +105,7 @@ pub const UNSUPPORTED: &[Unsupported] = &[
     entry("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", MEMCACHE),
     entry(
         "EXPIRATION_JITTER_MAX_SECONDS",
-        "counters expire exactly at the end of their window; their TTLs move once per bucket, not on every hit",
+        "counters expire at most half a window after their window ends; their TTLs move about once per half window, not on every hit",
     ),
     same_when(
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",

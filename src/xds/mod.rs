@@ -2,7 +2,7 @@
 //! `RateLimitConfig` resources, as Envoy Gateway serves them.
 //!
 //! Each response is the whole rule state. It is compiled by the same compiler
-//! as rules files ([`crate::rules::xds`]); a snapshot that compiles is handed
+//! as rules files ([`convert`]); a snapshot that compiles is handed
 //! to the sink and ACKed, one that does not is NACKed with the compile errors
 //! and the last good version, and the rules in force stay. Every response is
 //! answered, re-sends of a rejected version included: the management server
@@ -13,6 +13,8 @@
 //! TLS and mutual TLS to the management server use tonic's rustls transport:
 //! the CA (or the system roots) verifies the server under `xds_tls_san` (or
 //! the host of `xds_server`), and a client certificate is sent when one is set.
+
+pub mod convert;
 
 use std::time::Duration;
 
@@ -32,7 +34,7 @@ use crate::proto::google::rpc::Status;
 use crate::proto::ratelimit::config::ratelimit::v3::RateLimitConfig;
 use crate::reload::{Reload, Trigger};
 use crate::rules::ConfigError;
-use crate::rules::xds::{compile_snapshot, source_label};
+use convert::{compile_snapshot, source_label};
 
 /// The resource type Sluice subscribes to.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Where the image keeps the CA certificates (Debian's bundle).
+pub(crate) const CA_CERTIFICATES: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// What the tests read from deploy/Dockerfile's final stage.
 pub(crate) struct Dockerfile {
     pub(crate) user: String,
@@ -17,6 +20,33 @@ pub(crate) struct Dockerfile {
     pub(crate) run: Vec<String>,
     /// Every COPY of the final stage, as written (flags included).
     pub(crate) final_copies: Vec<String>,
+    /// The final stage's base image.
+    pub(crate) base: String,
+    /// `LABEL` pairs of the final stage, quotes removed, `$ARG`s expanded
+    /// with the ARG defaults.
+    pub(crate) labels: BTreeMap<String, String>,
+}
+
+/// Splits `key="a b" other=c` into words, keeping quoted spaces.
+fn words(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    for c in text.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c.is_whitespace() && !quoted => {
+                if !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
 }
 
 pub(crate) fn dockerfile() -> Dockerfile {
@@ -48,7 +78,10 @@ pub(crate) fn dockerfile() -> Dockerfile {
         stages: 0,
         run: Vec::new(),
         final_copies: Vec::new(),
+        base: String::new(),
+        labels: BTreeMap::new(),
     };
+    let mut args: BTreeMap<String, String> = BTreeMap::new();
     let json_form = |rest: &str| -> Vec<String> {
         serde_json::from_str(rest)
             .unwrap_or_else(|e| panic!("use the JSON form (exec form) for {rest}: {e}"))
@@ -62,6 +95,12 @@ pub(crate) fn dockerfile() -> Dockerfile {
         match op.to_ascii_uppercase().as_str() {
             "FROM" => {
                 file.stages += 1;
+                file.base = rest
+                    .split_whitespace()
+                    .find(|w| !w.starts_with("--"))
+                    .unwrap_or_default()
+                    .to_owned();
+                file.labels.clear();
                 file.final_copies_from_stages.clear();
                 file.final_copies.clear();
                 file.user.clear();
@@ -75,6 +114,17 @@ pub(crate) fn dockerfile() -> Dockerfile {
             "ENTRYPOINT" => file.entrypoint = json_form(rest),
             "CMD" => file.cmd = json_form(rest),
             "RUN" => file.run.push(rest.to_owned()),
+            "ARG" => {
+                let (name, default) = rest.split_once('=').unwrap_or((rest, ""));
+                args.insert(format!("${name}"), default.to_owned());
+            }
+            "LABEL" => {
+                for pair in words(rest) {
+                    let (key, value) = pair.split_once('=').expect("LABEL key=value");
+                    let value = args.get(value).cloned().unwrap_or(value.to_owned());
+                    file.labels.insert(key.to_owned(), value);
+                }
+            }
             "COPY" => {
                 file.final_copies.push(rest.to_owned());
                 let words: Vec<&str> = rest.split_whitespace().collect();
@@ -155,11 +205,26 @@ fn the_dockerfile_runs_sluice_serve_as_a_non_root_user_on_its_ports() {
         "nothing is copied into the rules directory {}",
         rules.display()
     );
-    let build = file
-        .run
-        .iter()
-        .find(|r| r.contains("cargo build"))
-        .expect("the build stage runs cargo build");
+    // The binary comes from deploy/image/binary.sh, which build.sh runs
+    // too: one build of the service for both ways of making the image.
+    assert!(
+        file.run
+            .iter()
+            .any(|r| r.contains("deploy/image/binary.sh \"$TARGETARCH\"")),
+        "the build stage builds the binary with deploy/image/binary.sh: {:?}",
+        file.run
+    );
+}
+
+/// deploy/image/binary.sh's `cargo build`: the service alone, static, from
+/// the locked dependencies, in a stripped release profile.
+#[test]
+fn the_image_binary_is_a_locked_static_service_only_dist_build() {
+    let script = read(&deploy("image/binary.sh"));
+    let build = script
+        .lines()
+        .find(|l| l.starts_with("cargo build"))
+        .expect("deploy/image/binary.sh runs cargo build");
     for flag in ["--locked", "--bin sluice", "--no-default-features"] {
         assert!(build.contains(flag), "cargo build without {flag}: {build}");
     }
@@ -169,17 +234,69 @@ fn the_dockerfile_runs_sluice_serve_as_a_non_root_user_on_its_ports() {
         .and_then(|rest| rest.split_whitespace().next())
         .expect("cargo build names its profile");
     assert!(
-        build.contains(&format!("target/{profile}/sluice")),
-        "the binary is copied from target/{profile}/: {build}"
+        script.contains(&format!("$triple/{profile}/sluice")),
+        "the binary is taken from target/TRIPLE/{profile}/"
     );
     assert!(
         !build.contains("--features") && !build.contains("--all-features"),
         "the image builds the service alone (no `bench`): {build}"
     );
+    for triple in ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"] {
+        assert!(script.contains(&format!("triple={triple}")), "{triple}");
+    }
     let section = cargo_section(&format!("profile.{profile}"));
     assert!(
         section.contains("inherits = \"release\"") && section.contains("strip = true"),
         "[profile.{profile}] must be a stripped release build:{section}"
+    );
+}
+
+/// The Dockerfile builds what build.sh builds: an empty base with the CA
+/// certificates, and build.sh's annotations as labels.
+#[test]
+fn the_dockerfile_matches_build_sh() {
+    let file = dockerfile();
+    assert_eq!(file.base, "scratch", "the static binary needs no base");
+    assert!(
+        file.final_copies_from_stages
+            .iter()
+            .any(|(source, dest)| source == CA_CERTIFICATES && dest == CA_CERTIFICATES),
+        "the CA certificates are copied to {CA_CERTIFICATES}"
+    );
+    let script = read(&deploy("image/build.sh"));
+    let mut annotations: Vec<&str> = script
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("\"org.opencontainers.image."))
+        .filter_map(|l| l.split('=').next())
+        .filter(|key| *key != "created")
+        .collect();
+    annotations.sort_unstable();
+    let labels: Vec<&str> = file
+        .labels
+        .keys()
+        .filter_map(|k| k.strip_prefix("org.opencontainers.image."))
+        .collect();
+    assert_eq!(
+        labels, annotations,
+        "the Dockerfile's labels are build.sh's"
+    );
+    assert_eq!(
+        file.labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION"),
+        "ARG VERSION's default is Cargo.toml's version"
+    );
+    assert_eq!(
+        file.labels["org.opencontainers.image.licenses"],
+        "Apache-2.0"
+    );
+    let cargo = cargo_section("package");
+    assert!(cargo.contains("license = \"Apache-2.0\""), "{cargo}");
+    assert!(
+        cargo.contains(&format!(
+            "description = \"{}\"",
+            file.labels["org.opencontainers.image.description"]
+        )),
+        "the description label is Cargo.toml's"
     );
 }
 
@@ -235,6 +352,7 @@ fn the_dockerfile_copies_only_what_exists_and_is_not_ignored() {
                 "proto",
                 "src",
                 "examples/rules.yaml",
+                "deploy/image/binary.sh",
             ] {
                 assert!(repo().join(needed).exists(), "{needed} is missing");
                 assert!(!is_ignored(needed), ".dockerignore leaves out {needed}");

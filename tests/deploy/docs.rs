@@ -5,7 +5,7 @@
 //! The convention (the manual's introduction states it for readers):
 //! - ```` ```yaml ```` is a whole rules file, run through `sluice
 //!   check-config`; or, after an `<!-- envoy-test: NAME -->` comment, an Envoy
-//!   configuration that tests/envoy.rs runs through a real Envoy (that file's
+//!   configuration that tests/envoy/rls.rs runs through a real Envoy (that file's
 //!   own test checks every such name is used); ```` ```yaml excerpt ```` is a
 //!   piece of a larger file, only read.
 //! - ```` ```sh ```` and ```` ```console ```` hold commands a test runs, each
@@ -24,12 +24,12 @@ const RUN_BY_TESTS: &[(&str, &str, &str)] = &[
     // The quick start: the binary with no options serves the example rules.
     (
         "cargo run --release -- serve",
-        "tests/e2e.rs",
+        "tests/it/wire_and_binary.rs",
         "fn the_binary_serves_the_example_rules_with_no_options_and_query_prints_the_decision",
     ),
     (
         "cargo run --release -- query --domain example --descriptor remote_address=192.0.2.7",
-        "tests/e2e.rs",
+        "tests/it/wire_and_binary.rs",
         "query(\"remote_address=192.0.2.7\")",
     ),
     // The whole suite: CI's only command.
@@ -191,13 +191,13 @@ fn every_rules_block_passes_check_config() {
         }
         let is_envoy = block.text.contains("type.googleapis.com/envoy.");
         match &block.envoy_test {
-            // Envoy's side of a recipe: run by tests/envoy.rs.
+            // Envoy's side of a recipe: run by tests/envoy/rls.rs.
             Some(name) if !name.ends_with("/rules") => continue,
             // The rules a recipe runs with are a rules file like any other.
             Some(_) => {}
             None => assert!(
                 !is_envoy,
-                "{}: an Envoy block must be run by tests/envoy.rs: put \
+                "{}: an Envoy block must be run by tests/envoy/rls.rs: put \
                  <!-- envoy-test: NAME --> before it and use NAME there",
                 block.at
             ),

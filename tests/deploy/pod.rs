@@ -242,11 +242,16 @@ async fn the_binary_runs_with_the_redis_overlays_pod_spec() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_runs_with_the_redis_cluster_overlays_pod_spec() {
-    // A local 3-master cluster with the Secret's (placeholder) password
-    // stands in for the external cluster; the overlay's URL keeps its form,
-    // only its host list changes.
     let docs = overlay_docs("redis-cluster");
     let w = Workload::new("redis-cluster", &docs);
+    let (_cluster, url) = redis_cluster_stand_in(&w);
+    run_as_the_pod("redis-cluster", Some(url)).await;
+}
+
+/// A local 3-master cluster with the Secret's (placeholder) password,
+/// standing in for the redis-cluster overlay's external cluster, and the
+/// overlay's URL pointed at it: its form kept, only its host list changed.
+pub(crate) fn redis_cluster_stand_in(w: &Workload) -> (RedisCluster, String) {
     let url = w.settings.redis_url.as_ref().unwrap().expose().to_owned();
     let password = w.env["SLUICE_REDIS_PASSWORD"].clone();
     let cluster = RedisCluster::start();
@@ -258,5 +263,5 @@ async fn the_binary_runs_with_the_redis_cluster_overlays_pod_spec() {
         .rsplit_once('@')
         .map_or(String::new(), |(u, _)| format!("{u}@"));
     let url = format!("{scheme}://{user}127.0.0.1:{}", cluster.ports()[0]);
-    run_as_the_pod("redis-cluster", Some(url)).await;
+    (cluster, url)
 }

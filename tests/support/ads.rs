@@ -1,5 +1,5 @@
-//! An xDS management server for the tests (`tests/xds.rs`,
-//! `tests/envoy_gateway.rs`): a tonic `AggregatedDiscoveryService` speaking
+//! An xDS management server for the tests (`tests/it/xds.rs`,
+//! `tests/envoy/envoy_gateway/`): a tonic `AggregatedDiscoveryService` speaking
 //! the state-of-the-world protocol over loopback, in plaintext or with
 //! mutual TLS as Envoy Gateway's server has it (TLS 1.3 at least, a client
 //! certificate from its CA required). It records every request it receives

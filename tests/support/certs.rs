@@ -1,5 +1,5 @@
-//! Certificates and TLS clients for the TLS tests (`tests/tls.rs`,
-//! `tests/xds.rs`, `tests/envoy_gateway.rs`): certificate authorities and
+//! Certificates and TLS clients for the TLS tests (`tests/it/tls.rs`,
+//! `tests/it/xds.rs`, `tests/envoy/envoy_gateway/`): certificate authorities and
 //! leaves made with rcgen (RSA keys by the `openssl` command, which ring
 //! cannot generate), Envoy Gateway's certificate shapes, and rustls clients
 //! made by hand so a test sees which certificate a server showed and how

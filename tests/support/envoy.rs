@@ -1,5 +1,5 @@
-//! The Envoy the Envoy tests run (`tests/deploy/`, `tests/envoy.rs`,
-//! `tests/rlqs_envoy.rs`, `tests/envoy_gateway.rs`): the binary, a running
+//! The Envoy the Envoy tests run (`tests/deploy/`, `tests/envoy/rls.rs`,
+//! `tests/envoy/rlqs.rs`, `tests/envoy/envoy_gateway/`): the binary, a running
 //! proxy killed when dropped, and an application to route to.
 
 use std::io::{BufRead, BufReader, Read, Write};

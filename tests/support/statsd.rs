@@ -1,5 +1,5 @@
-//! A statsd listener for the stats tests (`tests/upstream_stats.rs`,
-//! `tests/envoy_gateway.rs`): it binds a loopback port over UDP or TCP (as
+//! A statsd listener for the stats tests (`tests/compat/upstream_stats.rs`,
+//! `tests/envoy/envoy_gateway/`): it binds a loopback port over UDP or TCP (as
 //! gostats sends by default), keeps every line it receives, and lets a test
 //! wait, with a deadline, for a given line.
 

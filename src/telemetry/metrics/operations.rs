@@ -168,6 +168,11 @@ impl Operations {
             .set(1);
         self.reconcile_counters();
         self.tls_handshake_failures("grpc");
+        for reason in EVICTION_REASONS {
+            self.evictions.get_or_create_owned(&ReasonLabels {
+                reason: reason.to_owned(),
+            });
+        }
     }
 }
 

@@ -159,3 +159,38 @@ fn near_limit_counts_only_hits_above_the_threshold_as_upstream_does() {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }
 }
+
+#[test]
+fn a_refused_reload_is_timed_apart_from_the_rules_in_force() {
+    let m = Metrics::default();
+    m.record_rules_loaded(100.0);
+    m.record_reload(false, 200.0);
+    let text = m.encode();
+    for line in [
+        "sluice_rules_loaded_timestamp_seconds 100.0",
+        "sluice_rules_reload_error_timestamp_seconds 200.0",
+        r#"sluice_rules_reloads_total{result="error"} 1"#,
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+    m.record_reload(true, 300.0);
+    let text = m.encode();
+    assert!(
+        text.contains("sluice_rules_loaded_timestamp_seconds 300.0"),
+        "{text}"
+    );
+}
+
+#[test]
+fn windows_are_labelled_as_the_rules_write_them() {
+    for (ms, label) in [
+        (1_000, "1s"),
+        (60_000, "1m"),
+        (90_000, "90s"),
+        (3_600_000, "1h"),
+        (86_400_000, "1d"),
+        (1_500, "1500ms"),
+    ] {
+        assert_eq!(window_label(ms), label);
+    }
+}

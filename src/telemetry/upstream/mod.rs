@@ -11,41 +11,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::rules::sanitize;
+
 /// Prefix of every per-rule stat.
 pub const RATE_LIMIT_PREFIX: &str = "ratelimit.service.rate_limit";
-
-/// Upstream's stat-name sanitizer: statsd separators become `_`.
-pub fn sanitize(part: &str) -> String {
-    part.replace([':', '|'], "_")
-}
-
-/// A rule's stats key as upstream builds it from the *config*:
-/// `domain.k1_v1.k2…`, each level `key` or `key_value` when the rule names
-/// a value there.
-pub fn stats_key<'a>(
-    domain: &str,
-    levels: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
-) -> String {
-    let mut out = sanitize(domain);
-    for (key, value) in levels {
-        out.push('.');
-        out.push_str(&sanitize(key));
-        if let Some(value) = value.filter(|v| !v.is_empty()) {
-            out.push('_');
-            out.push_str(&sanitize(value));
-        }
-    }
-    out
-}
-
-/// The key of a `detailed_metric` rule: every level carries its runtime
-/// value (upstream builds it from the request's descriptor).
-pub fn detailed_stats_key<'a>(
-    domain: &str,
-    entries: impl IntoIterator<Item = (&'a str, &'a str)>,
-) -> String {
-    stats_key(domain, entries.into_iter().map(|(k, v)| (k, Some(v))))
-}
 
 /// How one descriptor's hits split between upstream's per-rule counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -3,28 +3,6 @@ use super::statsd::packets;
 use super::*;
 
 #[test]
-fn stats_key_uses_config_values_and_bare_keys() {
-    assert_eq!(
-        stats_key("edge", [("remote_address", None), ("path", Some("/api"))]),
-        "edge.remote_address.path_/api"
-    );
-    assert_eq!(stats_key("d", [("k", Some(""))]), "d.k");
-}
-
-#[test]
-fn stats_key_escapes_statsd_separators() {
-    assert_eq!(stats_key("a:b", [("k|x", Some("v:1"))]), "a_b.k_x_v_1");
-}
-
-#[test]
-fn detailed_key_carries_runtime_values() {
-    assert_eq!(
-        detailed_stats_key("d", [("k1", "v1"), ("k2", "10.0.0.1:80")]),
-        "d.k1_v1.k2_10.0.0.1_80"
-    );
-}
-
-#[test]
 fn near_limit_follows_upstream() {
     // limit 10: near threshold floor(8.0) = 8.
     let c = RuleCounts::from_counter(10, 0, 1, false);

@@ -229,25 +229,38 @@ else
   end
 end
 
--- Write: at most one HDEL, one HSET and one PEXPIRE per key.
+-- Write: at most one HDEL, one HSET and one PEXPIRE(AT) per key.
 for i = 1, #KEYS do
   local k = single and only or items[i][1]
   if k[7] == i then -- once per key
     if k[4] then
       call('HDEL', k[1], unpack(k[4]))
     end
-    local extend = k[5] > 0 and k[5] > (k[6] or 0) + 0
+    -- The HASH must live until k[5] and one second more (which covers
+    -- clock differences between replicas in "local" time mode); "x" says
+    -- until when it does. When that must move, it moves half as far again
+    -- (the same for every shape), so that a counter that keeps getting hits
+    -- moves it about once per half window rather than with every new
+    -- bucket (a PEXPIRE costs as much as an HSET): an idle HASH lives at
+    -- most half its longest window longer than it must.
+    local extend = k[5] > 0 and k[5] + 1000 > (k[6] or 0) + 0
+    local at, xs
     if extend then
-      write(k, 'x', fmt('%d', k[5]))
+      at = k[5] + 1000 + floor((k[5] - now) / 2)
+      xs = fmt('%d', at)
+      write(k, 'x', xs)
     end
     -- HSET first: PEXPIRE on a key that does not exist yet does nothing.
-    -- One second of slack covers clock differences between replicas in
-    -- "local" time mode.
     if k[3] > 0 then
       call('HSET', k[1], unpack(k, 8 + k[2], 7 + k[2] + k[3]))
     end
     if extend then
-      call('PEXPIRE', k[1], fmt('%d', k[5] - now + 1000))
+      if ARGV[1] == '' then
+        -- Redis's clock is the script's: the time "x" holds is the expiry.
+        call('PEXPIREAT', k[1], xs)
+      else
+        call('PEXPIRE', k[1], fmt('%d', at - now))
+      end
     end
   end
 end

@@ -9,7 +9,9 @@ the markers; another bucket is read only when the clock stepped back or a
 refund reaches it.
 
 State slots from 8: D, P, oldest, cur, t, o, n, hits of bucket `oldest`,
-hits of bucket `cur`, other buckets read (a table, made when needed).
+hits of bucket `cur`, other buckets read (a table, made when needed), `cur`
+formatted (its field's name ends with it, and a marker that moves to `cur`
+takes it as its value: a string.format costs more than the arithmetic).
 ]]
 
 -- Built only when the request names this algorithm. What the common path
@@ -97,8 +99,10 @@ sliding_window = uses_sliding and function(op, st, l, x)
       if b == st[10] then
         st[15] = c -- P is not shorter than D: one bucket is both
       end
-      local w = 7 + k[2] + k[3]
-      k[w + 1], k[w + 2], k[w + 3], k[w + 4] = k[at + 4], fmt('%d', c), k[at], fmt('%d', t + hits)
+      -- The total is the bucket's count when it is the only one.
+      local w, cs = 7 + k[2] + k[3], fmt('%d', c)
+      k[w + 1], k[w + 2], k[w + 3] = k[at + 4], cs, k[at]
+      k[w + 4] = c == t + hits and cs or fmt('%d', t + hits)
       k[3] = k[3] + 4
     else
       c = (sliding_window('bucket', st, nil, b) or 0) + hits
@@ -110,7 +114,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     -- expiry, which then moves (a new newest bucket).
     local grew = t == 0 or st[14] ~= b
     if grew then
-      local sb = fmt('%d', b)
+      local sb = b == st[11] and st[18] or fmt('%d', b)
       if t == 0 then
         st[13] = b
         write(k, k[at + 1], sb)
@@ -163,9 +167,10 @@ sliding_window = uses_sliding and function(op, st, l, x)
     local oldest, cur = math.floor((now - d) / p), math.floor(now / p)
     local n = k[2]
     k[8 + n], k[9 + n], k[10 + n] = x .. 't', x .. 'o', x .. 'n'
-    k[11 + n], k[12 + n] = x .. fmt('%d', oldest), x .. fmt('%d', cur)
+    local sc = fmt('%d', cur)
+    k[11 + n], k[12 + n] = x .. fmt('%d', oldest), x .. sc
     k[2] = n + 5
-    return { sliding_window, k, n + 1, 0, 0, 0, x, d, p, oldest, cur, 0, false, false, false, false }
+    return { sliding_window, k, n + 1, 0, 0, 0, x, d, p, oldest, cur, 0, false, false, false, false, false, sc }
   elseif op == 'prefix' then
     return st .. ':' .. l .. ':'
   elseif op == 'give' then

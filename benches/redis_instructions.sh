@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# What one decision costs Redis, counted in instructions: a private
+# redis-server runs under valgrind's callgrind, benches/redis_load.py sends
+# it one decision's calls per request, and the instructions Redis ran over
+# CALLS decisions (after WARMUP decisions that are not counted) are divided
+# by CALLS. Instructions do not move with the machine's load, where CPU time
+# does (the machine is shared), so this is the figure to compare two
+# versions of the script by; `sluice bench --redis-url` and
+# benches/side_by_side.sh give the CPU time of a real run.
+#
+# Everything Redis does for a call is counted: reading and parsing the
+# command, running the script and the commands it calls, the reply.
+# Identities are drawn from KEYS, uniformly or by a Zipf law, by a seeded
+# generator, and the clock is simulated (decisions RATE per second), so a
+# run makes exactly the same calls whatever the machine's speed: counts
+# repeat to a fraction of a percent. With the defaults the counted
+# decisions find what the middle of a 220,000-request run over 100,000
+# identities finds (a run of benches/side_by_side.sh): most identities seen
+# once or twice before, some buckets new, none leaving the window. Every
+# call is one decision (none shares a call with another).
+#
+# Usage: benches/redis_instructions.sh [SCENARIO...]
+#   sliding    Sluice's decide.lua, one sliding-window limit in 6 s buckets
+#              (the default's: a minute in 6 s buckets), far from full, with
+#              the arguments the store sends for one descriptor; the window
+#              is an hour, so that no HASH expires in the minutes a run under
+#              valgrind takes (the operations per call are the default's);
+#              `now` is passed (Redis TIME, the default time source, adds
+#              one call: see BENCHMARKS.md)
+#   fixed      the same with a fixed window
+#   incumbent  envoyproxy/ratelimit's per-descriptor pattern: INCRBY key 1
+#              and EXPIRE key 3600, pipelined together
+#   (default: sliding incumbent)
+#   DECIDE     directory of decide.lua's parts (default src/store/redis/decide;
+#              another checkout's, to compare two scripts)
+#   KEYS       distinct identities (default 100000)
+#   ZIPF       Zipf exponent; unset: uniform (default)
+#   WARMUP     decisions before counting (default 120000)
+#   CALLS      decisions counted (default 10000)
+#   RATE       simulated decisions per second (default 27500)
+#   CLIENTS    "connections pipeline" (default "4 8": four connections each
+#              carrying eight decisions at a time, as a service's few
+#              multiplexed connections do under load)
+#
+# Needs redis-server, valgrind, python3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+decide=${DECIDE:-src/store/redis/decide}
+keys=${KEYS:-100000}
+warmup=${WARMUP:-120000}
+calls=${CALLS:-10000}
+rate=${RATE:-27500}
+read -r conns pipeline <<<"${CLIENTS:-4 8}"
+zipf=()
+[ -n "${ZIPF:-}" ] && zipf=(--zipf "$ZIPF")
+scenarios=("$@")
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(sliding incumbent)
+
+for tool in redis-server redis-cli valgrind callgrind_control python3; do
+  command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+vpid=
+cleanup() {
+  [ -n "$vpid" ] && kill "$vpid" 2>/dev/null && wait "$vpid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# decide.lua as build.rs assembles it: the parts in DECIDE_PARTS's order.
+parts=$(sed -n '/^const DECIDE_PARTS/,/\];/p' build.rs | grep -o '"[a-z_]*"' | tr -d '"')
+for part in $parts; do
+  printf -- '-- src/store/redis/decide/%s.lua\n' "$part"
+  cat "$decide/$part.lua"
+  echo
+done >"$work/decide.lua"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Instructions counted since the last dump (a dump zeroes the counts).
+instructions() {
+  callgrind_control --dump "$vpid" >/dev/null 2>&1
+  local last
+  last=$(ls -t "$work"/callgrind.out.* | head -1)
+  awk '/^totals:/ {print $2}' "$last"
+}
+
+printf '%-9s %18s %20s  %s\n' scenario instr/decision "commands/decision" "commands per decision (a script's inner ones)"
+for scenario in "${scenarios[@]}"; do
+  port=$(free_port)
+  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out.%p" \
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" \
+    >"$work/valgrind.log" 2>&1 &
+  vpid=$!
+  until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
+  case "$scenario" in
+    sliding | fixed) pattern=("$scenario" "$(redis-cli -p "$port" script load "$(cat "$work/decide.lua")")") ;;
+    incumbent) pattern=(incumbent) ;;
+    *) echo "unknown scenario $scenario" >&2; exit 1 ;;
+  esac
+  load() {
+    python3 benches/redis_load.py "$port" "${pattern[@]}" --first "$1" --count "$2" --keys "$keys" \
+      "${zipf[@]}" --rate "$rate" --connections "$conns" --pipeline "$pipeline"
+  }
+  load 0 "$warmup"
+  callgrind_control --instr=on "$vpid" >/dev/null 2>&1
+  instructions >/dev/null
+  redis-cli -p "$port" config resetstat >/dev/null
+  load "$warmup" "$calls"
+  total=$(instructions)
+  stats=$(redis-cli -p "$port" info commandstats | tr -d '\r')
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$vpid" 2>/dev/null || true
+  vpid=
+  python3 - "$scenario" "$total" "$calls" <<PY
+import re, sys
+scenario, total, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+inner, top = {}, 0
+for m in re.finditer(r'cmdstat_(\w+):calls=(\d+)', """$stats"""):
+    name, n = m[1], int(m[2])
+    if name in ('config', 'info', 'ping', 'shutdown'):
+        continue
+    if name in ('evalsha', 'eval'):
+        top += n
+    else:
+        inner[name] = n
+# Commands a script calls are counted by Redis too.
+per = ", ".join(f"{k} {v / calls:.2f}" for k, v in sorted(inner.items()))
+commands = (top + sum(inner.values())) / calls
+print(f"{scenario:9s} {total / calls:18,.0f} {commands:20.2f}  {per}")
+PY
+done

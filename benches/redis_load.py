@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Sends one decision's Redis traffic per request to a Redis, for
+benches/redis_instructions.sh: identities drawn uniformly or by a Zipf law
+from a seeded generator (the same calls on every run), and the clock
+simulated (each decision 1/RATE s after the previous), so that what Redis
+does per call does not depend on how fast it runs, under valgrind or not.
+
+Usage: redis_load.py PORT PATTERN FIRST COUNT [options]
+  PATTERN  sliding SHA | fixed SHA: Sluice's decide.lua (EVALSHA SHA) with
+           the arguments the store sends for one descriptor of one limit
+           (sliding: 6 s buckets) far from full, `now` passed
+           (the store's local time mode; Redis TIME costs one more call)
+           incumbent: envoyproxy/ratelimit's per-descriptor pattern,
+           INCRBY key 1 and EXPIRE key 3600, pipelined together
+  FIRST    the first decision's number (decisions before it were sent by
+           an earlier run: its warm-up), COUNT how many to send
+  --keys N (100000) --zipf S (uniform when absent) --rate R (27500/s)
+  --connections C (4) --pipeline P (8 decisions in flight per connection)
+"""
+
+import argparse
+import bisect
+import random
+import socket
+
+
+def resp(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def read_reply(f):
+    line = f.readline()
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"-":
+        raise SystemExit(f"Redis error: {rest.decode()}")
+    if kind == b"$":
+        n = int(rest)
+        if n >= 0:
+            f.read(n + 2)
+    elif kind == b"*":
+        for _ in range(max(int(rest), 0)):
+            read_reply(f)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("port", type=int)
+    p.add_argument("pattern", nargs="+")
+    p.add_argument("--first", type=int, required=True)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--keys", type=int, default=100_000)
+    p.add_argument("--zipf", type=float)
+    p.add_argument("--rate", type=float, default=27_500)
+    p.add_argument("--connections", type=int, default=4)
+    p.add_argument("--pipeline", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+
+    rng = random.Random(a.seed)
+    if a.zipf:
+        weights, total = [], 0.0
+        for k in range(1, a.keys + 1):
+            total += 1 / k**a.zipf
+            weights.append(total)
+        draw = lambda: bisect.bisect_left(weights, rng.random() * total)
+    else:
+        draw = lambda: rng.randrange(a.keys)
+    # The draws before FIRST were the warm-up's: skip them.
+    for _ in range(a.first):
+        draw()
+    # A fixed epoch, 2 s before a bucket's start: the same buckets on every
+    # run, and the counted decisions find some identities last seen in the
+    # bucket before.
+    t0 = 1_800_000_000_000 - 2_000
+
+    def calls(n):
+        key = b"sluice:{62656e636800757365725f696400%012d}" % draw()
+        if a.pattern[0] == "incumbent":
+            return resp("INCRBY", key, 1) + resp("EXPIRE", key, 3600), 2
+        now = t0 + int(n * 1000 / a.rate)
+        # One hour in 6 s buckets: the default's operations per call (a
+        # minute in 6 s buckets), but no HASH expires in the minutes a run
+        # under valgrind takes (the script sets TTLs by Redis's own clock).
+        limit = (1_000_000_000, 3_600_000, 0, 6_000)
+        if a.pattern[0] == "fixed":
+            limit = (1_000_000_000, 3_600_000, 1, 0)
+        return resp("EVALSHA", a.pattern[1], 1, key, now, "all", 0, 1, 1, *limit), 1
+
+    conns = [socket.create_connection(("127.0.0.1", a.port)) for _ in range(a.connections)]
+    files = [c.makefile("rb") for c in conns]
+    n, end = a.first, a.first + a.count
+    # Round after round, each connection carries up to PIPELINE decisions:
+    # sent together, answered together.
+    while n < end:
+        pending = []
+        for c, f in zip(conns, files):
+            batch, replies = [], 0
+            while len(batch) < a.pipeline and n < end:
+                data, r = calls(n)
+                batch.append(data)
+                replies += r
+                n += 1
+            if batch:
+                c.sendall(b"".join(batch))
+                pending.append((f, replies))
+        for f, replies in pending:
+            for _ in range(replies):
+                read_reply(f)
+
+
+if __name__ == "__main__":
+    main()

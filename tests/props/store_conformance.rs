@@ -1,0 +1,1007 @@
+//! One store conformance suite, run against the memory store, a single real
+//! Redis and a real 3-master Redis Cluster with identical expected results.
+//! This is what keeps `decide.lua` and the Rust algorithms the same. Redis
+//! runs in local time mode with the test's manual clock, so nothing sleeps.
+//! Every test uses its own key prefix, so tests share the servers safely.
+
+use crate::support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::limiter::{
+    Algorithm, Clock, Counting, IdentityBuilder, LimitSpec, MAX_HITS, ManualClock, Role, Window,
+};
+use sluice::store::{
+    Batch, BatchItem, BatchOutcome, CounterStore, MemoryStore, MemoryStoreConfig, RedisStore,
+    TimeSource,
+};
+use support::redis::{shared, shared_cluster};
+
+/// Aligned to an hour, so windows and buckets start at known instants.
+const T0: u64 = 1_699_999_200_000;
+
+/// A Redis store in local time mode, so the manual clock drives it. The
+/// timeout is generous: this suite checks results, not latency, on a busy box.
+async fn redis_store(url: String, clock: Arc<ManualClock>) -> RedisStore {
+    support::redis_store(&url, clock, TimeSource::Local, Duration::from_secs(5)).await
+}
+
+pub fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::SlidingWindow { precision_ms },
+        },
+    }
+}
+
+pub fn fixed(requests: u64, duration_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::FixedWindow,
+        },
+    }
+}
+
+pub fn bucket(requests: u64, duration_ms: u64, burst: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::TokenBucket { burst },
+        },
+    }
+}
+
+pub fn log(requests: u64, duration_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::SlidingLog,
+        },
+    }
+}
+
+/// At most `slots` in flight, each slot leased for `lease_ms`.
+pub fn concurrency(slots: u64, lease_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests: slots,
+        window: Window {
+            duration_ms: lease_ms,
+            algorithm: Algorithm::Concurrency,
+        },
+    }
+}
+
+pub fn item(name: &str, limits: &[LimitSpec], hits: u64, role: Role) -> BatchItem {
+    let mut identity = IdentityBuilder::new("conformance");
+    identity.value("id", name);
+    BatchItem {
+        identity: identity.build(),
+        limits: limits.to_vec(),
+        hits,
+        role,
+        counting: Counting::Admitted,
+        refund: false,
+    }
+}
+
+pub async fn apply<S: CounterStore>(store: &S, items: Vec<BatchItem>) -> BatchOutcome {
+    store
+        .apply(&Batch { items })
+        .await
+        .expect("the store answers")
+}
+
+/// `(used, over, reset_ms)` of every limit, for compact assertions.
+fn summary(outcome: &BatchOutcome) -> Vec<(u64, bool, u64)> {
+    outcome
+        .limits
+        .iter()
+        .map(|l| (l.used, l.over, l.reset_ms))
+        .collect()
+}
+
+/// `item` counted always (even when it does not fit).
+pub fn always(name: &str, limits: &[LimitSpec], hits: u64, role: Role) -> BatchItem {
+    BatchItem {
+        counting: Counting::Always,
+        ..item(name, limits, hits, role)
+    }
+}
+
+/// A refund (`is_negative_hits`) of `hits` to `limits`.
+pub fn refund(name: &str, limits: &[LimitSpec], hits: u64) -> BatchItem {
+    BatchItem {
+        refund: true,
+        ..item(name, limits, hits, Role::Enforce)
+    }
+}
+
+/// Weighted hits counted now, read with a check-only batch.
+async fn used<S: CounterStore>(store: &S, name: &str, limit: LimitSpec) -> u64 {
+    apply(store, vec![item(name, &[limit], 0, Role::Enforce)])
+        .await
+        .limits[0]
+        .used
+}
+
+mod cases {
+    use super::*;
+    use Role::{Enforce, Quota, Shadow};
+
+    /// envoyproxy/ratelimit's `token-quota.sh`: 2 per minute, a check with
+    /// weight 0 when the request arrives and a charge of 1 when its stream
+    /// ends. Counted always, requests 1–3 pass and the 4th is refused; the
+    /// third charge reports OVER_LIMIT yet counts.
+    pub async fn token_quota_refuses_the_fourth_request_when_counting_always<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        for (name, l) in [
+            ("tq-fixed", fixed(2, 60_000)),
+            ("tq-sliding", sliding(2, 60_000, 1_000)),
+            ("tq-bucket", bucket(2, 60_000, 2)),
+        ] {
+            let mut passed = Vec::new();
+            for _ in 0..4 {
+                let check = apply(s, vec![always(name, &[l], 0, Enforce)]).await;
+                passed.push(check.admitted);
+                if check.admitted {
+                    apply(s, vec![always(name, &[l], 1, Enforce)]).await;
+                }
+            }
+            assert_eq!(passed, [true, true, true, false], "{name}");
+        }
+        // The third charge: over the limit, and counted all the same.
+        let l = fixed(2, 60_000);
+        apply(s, vec![always("tq-third", &[l], 2, Enforce)]).await;
+        let o = apply(s, vec![always("tq-third", &[l], 1, Enforce)]).await;
+        assert_eq!(
+            (o.admitted, o.limits[0].over, o.limits[0].used),
+            (false, true, 3)
+        );
+        assert_eq!(used(s, "tq-third", l).await, 3);
+    }
+
+    /// The same script under `admitted`: the third charge does not fit and
+    /// counts nothing, so the 4th check passes (today's behaviour).
+    pub async fn token_quota_under_admitted_counting_lets_the_fourth_through<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = fixed(2, 60_000);
+        let mut passed = Vec::new();
+        for _ in 0..4 {
+            let check = apply(s, vec![item("tq-adm", &[l], 0, Enforce)]).await;
+            passed.push(check.admitted);
+            apply(s, vec![item("tq-adm", &[l], 1, Enforce)]).await;
+        }
+        assert_eq!(passed, [true, true, true, true]);
+        assert_eq!(used(s, "tq-adm", l).await, 2);
+    }
+
+    /// The issue's example: a 1000/min budget, 900 used, a 500-token charge.
+    pub async fn an_overflowing_charge_counts_and_closes_the_budget<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = fixed(1_000, 60_000);
+        assert!(
+            apply(s, vec![always("budget", &[l], 900, Enforce)])
+                .await
+                .admitted
+        );
+        let o = apply(s, vec![always("budget", &[l], 500, Enforce)]).await;
+        assert_eq!(
+            (o.admitted, o.limits[0].over, o.limits[0].used),
+            (false, true, 1_400)
+        );
+        let check = apply(s, vec![always("budget", &[l], 0, Enforce)]).await;
+        assert!(!check.admitted && check.limits[0].over);
+    }
+
+    /// Mixed requests: an always item counts whatever the others decide;
+    /// admitted items keep all-or-nothing.
+    pub async fn always_items_count_in_a_rejected_request_admitted_ones_do_not<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let full = fixed(1, 60_000);
+        let open = fixed(10, 60_000);
+        apply(s, vec![item("mix-full", &[full], 1, Enforce)]).await;
+        let o = apply(
+            s,
+            vec![
+                item("mix-full", &[full], 1, Enforce),
+                always("mix-always", &[open], 3, Enforce),
+                item("mix-admitted", &[open], 2, Enforce),
+            ],
+        )
+        .await;
+        assert!(!o.admitted);
+        assert_eq!(
+            o.limits
+                .iter()
+                .map(|l| (l.used, l.over))
+                .collect::<Vec<_>>(),
+            [(1, true), (3, false), (0, false)]
+        );
+        assert_eq!(used(s, "mix-always", open).await, 3);
+        assert_eq!(used(s, "mix-admitted", open).await, 0);
+    }
+
+    /// A refund gives back at once, never below empty, for every algorithm,
+    /// and is never over limit.
+    pub async fn refunds_give_back_and_never_go_below_empty<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        for (name, l) in [
+            ("rf-fixed", fixed(10, 60_000)),
+            ("rf-sliding", sliding(10, 60_000, 1_000)),
+            ("rf-bucket", bucket(10, 60_000, 10)),
+            ("rf-log", log(10, 60_000)),
+        ] {
+            apply(s, vec![item(name, &[l], 4, Enforce)]).await;
+            c.advance(2_000);
+            apply(s, vec![item(name, &[l], 6, Enforce)]).await;
+            let full = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert!(!full.admitted, "{name} is full");
+            let o = apply(s, vec![refund(name, &[l], 5)]).await;
+            assert!(o.admitted && !o.limits[0].over, "{name}");
+            assert_eq!(o.limits[0].used, 5, "{name} after the refund");
+            assert!(
+                apply(s, vec![item(name, &[l], 5, Enforce)]).await.admitted,
+                "{name}"
+            );
+            let o = apply(s, vec![refund(name, &[l], 1_000)]).await;
+            assert_eq!(o.limits[0].used, 0, "{name} never below empty");
+            assert!(
+                apply(s, vec![item(name, &[l], 10, Enforce)]).await.admitted,
+                "{name}"
+            );
+            assert!(
+                !apply(s, vec![item(name, &[l], 1, Enforce)]).await.admitted,
+                "{name}"
+            );
+            c.advance(1_000);
+        }
+        // A refund to a counter never used creates nothing and reports empty.
+        let o = apply(s, vec![refund("rf-none", &[fixed(3, 1_000)], 2)]).await;
+        assert_eq!(o.limits[0].used, 0);
+    }
+
+    /// Concurrency: each request takes a slot, the N+1-th is refused, a
+    /// release frees one, and a slot whose release was lost frees itself
+    /// when its lease ends.
+    pub async fn concurrency_slots_are_taken_released_and_leased<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = concurrency(3, 30_000);
+        for n in 1..=3 {
+            let o = apply(s, vec![item("cc", &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (true, n));
+            c.advance(1_000);
+        }
+        let o = apply(s, vec![item("cc", &[l], 1, Enforce)]).await;
+        assert!(!o.admitted && o.limits[0].over, "the 4th is refused");
+        // A release frees a slot at once.
+        let o = apply(s, vec![refund("cc", &[l], 1)]).await;
+        assert_eq!(o.limits[0].used, 2);
+        assert!(apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        assert!(!apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        // Nobody releases: the first slot's lease (taken at 0) ends at 30 s.
+        c.set(T0 + 29_999);
+        assert!(!apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        c.set(T0 + 30_000);
+        assert!(apply(s, vec![item("cc", &[l], 1, Enforce)]).await.admitted);
+        // Releases never go below empty, and a sliding log of the same
+        // length and identity is a different counter.
+        apply(s, vec![refund("cc", &[l], 100)]).await;
+        assert_eq!(used(s, "cc", l).await, 0);
+        apply(s, vec![item("cc", &[log(3, 30_000)], 3, Enforce)]).await;
+        assert_eq!(used(s, "cc", l).await, 0);
+    }
+
+    /// A refund and a debit in one request: the refund never decides it, and
+    /// is applied even when the debit is refused.
+    pub async fn a_refund_stands_when_its_request_is_refused<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = fixed(5, 60_000);
+        let other = fixed(1, 60_000);
+        apply(s, vec![item("rr-a", &[l], 5, Enforce)]).await;
+        apply(s, vec![item("rr-b", &[other], 1, Enforce)]).await;
+        let o = apply(
+            s,
+            vec![refund("rr-a", &[l], 2), item("rr-b", &[other], 1, Enforce)],
+        )
+        .await;
+        assert!(!o.admitted);
+        assert_eq!(used(s, "rr-a", l).await, 3);
+    }
+
+    pub async fn exactly_the_limit_then_rejection<S: CounterStore>(s: &S, _: &ManualClock) {
+        let l = sliding(3, 1_000, 100);
+        for n in 1..=3 {
+            let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+            assert!(o.admitted);
+            assert_eq!((o.limits[0].used, o.limits[0].over), (n, false));
+        }
+        let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+        assert!(!o.admitted);
+        assert_eq!((o.limits[0].used, o.limits[0].over), (3, true));
+    }
+
+    pub async fn the_straddling_bucket_is_interpolated_and_rounded_up<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = sliding(100, 10_000, 1_000);
+        apply(s, vec![item("a", &[l], 10, Enforce)]).await;
+        c.set(T0 + 10_250);
+        assert_eq!(used(s, "a", l).await, 8);
+        c.set(T0 + 10_999);
+        assert_eq!(used(s, "a", l).await, 1);
+        c.set(T0 + 11_000);
+        assert_eq!(used(s, "a", l).await, 0);
+    }
+
+    pub async fn reset_is_the_expiry_of_the_oldest_counted_bucket<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = sliding(5, 60_000, 6_000);
+        c.set(T0 + 7_000);
+        let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+        assert_eq!(o.limits[0].reset_ms, 12_000 + 60_000 - 7_000);
+        c.set(T0 + 20_000);
+        let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+        assert_eq!(
+            o.limits[0].reset_ms,
+            12_000 + 60_000 - 20_000,
+            "still the first bucket"
+        );
+        // An empty counter reports when a hit made now would leave.
+        let o = apply(s, vec![item("fresh", &[l], 0, Enforce)]).await;
+        assert_eq!(o.limits[0].reset_ms, 24_000 + 60_000 - 20_000);
+    }
+
+    pub async fn fixed_window_counts_per_epoch_aligned_window<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = fixed(2, 60_000);
+        c.set(T0 + 59_000);
+        assert_eq!(
+            summary(&apply(s, vec![item("a", &[l], 1, Enforce)]).await),
+            [(1, false, 1_000)]
+        );
+        assert_eq!(
+            summary(&apply(s, vec![item("a", &[l], 1, Enforce)]).await),
+            [(2, false, 1_000)]
+        );
+        let o = apply(s, vec![item("a", &[l], 1, Enforce)]).await;
+        assert_eq!((o.admitted, summary(&o)), (false, vec![(2, true, 1_000)]));
+        c.set(T0 + 60_000);
+        assert_eq!(
+            summary(&apply(s, vec![item("a", &[l], 1, Enforce)]).await),
+            [(1, false, 60_000)]
+        );
+    }
+
+    pub async fn a_rejected_request_counts_nothing_anywhere<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let (wide, narrow) = (sliding(5, 60_000, 6_000), fixed(1, 60_000));
+        let both = || {
+            vec![
+                item("a", &[wide], 1, Enforce),
+                item("b", &[narrow], 1, Enforce),
+            ]
+        };
+        assert!(apply(s, both()).await.admitted);
+        let o = apply(s, both()).await;
+        assert!(!o.admitted);
+        assert_eq!(
+            (o.limits[0].used, o.limits[0].over),
+            (1, false),
+            "a passed, reports what it saw"
+        );
+        assert_eq!((o.limits[1].used, o.limits[1].over), (1, true));
+        assert_eq!(used(s, "a", wide).await, 1);
+        assert_eq!(used(s, "b", narrow).await, 1);
+    }
+
+    pub async fn a_counter_named_twice_in_one_request_counts_both<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = sliding(3, 1_000, 100);
+        let o = apply(
+            s,
+            vec![item("x", &[l], 2, Enforce), item("x", &[l], 2, Enforce)],
+        )
+        .await;
+        assert!(!o.admitted);
+        // The second sees the first's hits (so it is over), but a rejected
+        // request reports the counter as it stands: the same for both.
+        assert_eq!(
+            summary(&o).iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            [(0, false), (0, true)]
+        );
+        let o = apply(
+            s,
+            vec![item("x", &[l], 1, Enforce), item("x", &[l], 2, Enforce)],
+        )
+        .await;
+        assert!(o.admitted);
+        assert_eq!((o.limits[0].used, o.limits[1].used), (1, 3));
+        assert_eq!(used(s, "x", l).await, 3);
+    }
+
+    pub async fn shadow_never_rejects_and_quota_rejects_only_when_all_are_over<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let one = fixed(1, 60_000);
+        apply(
+            s,
+            vec![item("s", &[one], 1, Shadow), item("q1", &[one], 1, Quota)],
+        )
+        .await;
+        let o = apply(
+            s,
+            vec![item("s", &[one], 1, Shadow), item("e", &[one], 1, Enforce)],
+        )
+        .await;
+        assert!(o.admitted, "shadow over limit");
+        assert_eq!(used(s, "s", one).await, 2, "shadow keeps counting");
+        let o = apply(
+            s,
+            vec![item("q1", &[one], 1, Quota), item("q2", &[one], 1, Quota)],
+        )
+        .await;
+        assert!(o.admitted, "q2 still had room");
+        let o = apply(
+            s,
+            vec![item("q1", &[one], 1, Quota), item("q2", &[one], 1, Quota)],
+        )
+        .await;
+        assert!(!o.admitted, "every quota descriptor over");
+        assert_eq!((used(s, "q1", one).await, used(s, "q2", one).await), (2, 1));
+    }
+
+    pub async fn check_only_counts_nothing_and_passes_at_the_limit<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let l = sliding(2, 1_000, 100);
+        apply(s, vec![item("a", &[l], 2, Enforce)]).await;
+        for _ in 0..3 {
+            let o = apply(s, vec![item("a", &[l], 0, Enforce)]).await;
+            assert!(o.admitted);
+            assert_eq!(summary(&o)[0].0, 2);
+        }
+        assert!(!apply(s, vec![item("a", &[l], 1, Enforce)]).await.admitted);
+    }
+
+    pub async fn weights_count_whole_and_report_headroom<S: CounterStore>(s: &S, _: &ManualClock) {
+        let l = sliding(10, 60_000, 6_000);
+        assert_eq!(
+            apply(s, vec![item("w", &[l], 4, Enforce)]).await.limits[0].used,
+            4
+        );
+        assert_eq!(
+            apply(s, vec![item("w", &[l], 4, Enforce)]).await.limits[0].used,
+            8
+        );
+        let o = apply(s, vec![item("w", &[l], 4, Enforce)]).await;
+        assert_eq!((o.admitted, o.limits[0].used), (false, 8));
+        assert!(apply(s, vec![item("w", &[l], 2, Enforce)]).await.admitted);
+    }
+
+    pub async fn every_limit_of_an_item_is_checked_and_counted<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let (minute, gap) = (sliding(10, 60_000, 6_000), sliding(1, 2_000, 200));
+        let o = apply(s, vec![item("g", &[minute, gap], 1, Enforce)]).await;
+        assert_eq!(
+            (o.admitted, o.limits[0].used, o.limits[1].used),
+            (true, 1, 1)
+        );
+        c.set(T0 + 1_000);
+        let o = apply(s, vec![item("g", &[minute, gap], 1, Enforce)]).await;
+        assert!(!o.admitted);
+        assert_eq!(
+            summary(&o).iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(),
+            [(1, false), (1, true)]
+        );
+        c.set(T0 + 2_200);
+        assert!(
+            apply(s, vec![item("g", &[minute, gap], 1, Enforce)])
+                .await
+                .admitted
+        );
+        assert_eq!(used(s, "g", minute).await, 2);
+    }
+
+    pub async fn a_clock_stepping_back_adds_to_the_newest_bucket<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = sliding(5, 1_000, 100);
+        c.set(T0 + 500);
+        apply(s, vec![item("b", &[l], 1, Enforce)]).await;
+        c.set(T0 + 300);
+        apply(s, vec![item("b", &[l], 1, Enforce)]).await;
+        c.set(T0 + 500);
+        assert_eq!(used(s, "b", l).await, 2);
+        c.set(T0 + 1_550);
+        assert_eq!(
+            used(s, "b", l).await,
+            1,
+            "half of the newest bucket is left"
+        );
+        c.set(T0 + 1_600);
+        assert_eq!(used(s, "b", l).await, 0);
+    }
+
+    pub async fn a_long_idle_counter_is_forgotten<S: CounterStore>(s: &S, c: &ManualClock) {
+        let l = sliding(3, 1_000, 1);
+        for t in 0..3 {
+            c.set(T0 + t);
+            apply(s, vec![item("idle", &[l], 1, Enforce)]).await;
+        }
+        assert!(
+            !apply(s, vec![item("idle", &[l], 1, Enforce)])
+                .await
+                .admitted
+        );
+        c.set(T0 + 86_400_000);
+        let o = apply(s, vec![item("idle", &[l], 1, Enforce)]).await;
+        assert_eq!((o.admitted, o.limits[0].used), (true, 1));
+    }
+
+    pub async fn many_identities_one_of_them_full_counts_nothing<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        // Spread over cluster slots: the rejected request must be refunded
+        // everywhere it was counted.
+        let l = sliding(5, 60_000, 6_000);
+        let names: Vec<String> = (0..8).map(|i| format!("spread-{i}")).collect();
+        let batch = |full: &str| {
+            let mut items: Vec<BatchItem> =
+                names.iter().map(|n| item(n, &[l], 1, Enforce)).collect();
+            items.push(item(full, &[fixed(0, 60_000)], 1, Enforce));
+            items
+        };
+        let o = apply(s, batch("blocked")).await;
+        assert!(!o.admitted);
+        assert!(
+            o.limits[..8].iter().all(|x| x.used == 0 && !x.over),
+            "{:?}",
+            o.limits
+        );
+        for n in &names {
+            assert_eq!(used(s, n, l).await, 0, "{n} was refunded");
+        }
+        let items: Vec<BatchItem> = names.iter().map(|n| item(n, &[l], 1, Enforce)).collect();
+        let o = apply(s, items).await;
+        assert!(o.admitted);
+        assert!(o.limits.iter().all(|x| x.used == 1));
+    }
+
+    pub async fn token_bucket_admits_the_burst_then_one_per_interval<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = bucket(10, 1_000, 3); // a token every 100 ms, at most 3
+        for n in 1..=3 {
+            let o = apply(s, vec![item("tb", &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (true, n));
+        }
+        let o = apply(s, vec![item("tb", &[l], 1, Enforce)]).await;
+        assert_eq!(summary(&o), [(3, true, 100)]);
+        assert!(!o.admitted);
+        c.set(T0 + 99);
+        assert!(!apply(s, vec![item("tb", &[l], 1, Enforce)]).await.admitted);
+        c.set(T0 + 100);
+        assert!(apply(s, vec![item("tb", &[l], 1, Enforce)]).await.admitted);
+        c.set(T0 + 400);
+        assert_eq!(used(s, "tb", l).await, 0, "full again");
+        let o = apply(s, vec![item("tb", &[l], 3, Enforce)]).await;
+        assert_eq!(
+            (o.admitted, o.limits[0].used),
+            (true, 3),
+            "a weight takes several tokens"
+        );
+    }
+
+    pub async fn token_bucket_keeps_fractional_intervals_exact<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = bucket(7, 1_000, 1); // a token every 142.857… ms
+        // The arrival time as whole ms plus ticks of 1/7 ms: a token is
+        // exactly 1 000 ticks. A request fits from that time on.
+        let (mut base, mut ticks) = (T0, 0u64);
+        for k in 0..30 {
+            let due = base + u64::from(ticks > 0);
+            if k > 0 {
+                c.set(due - 1);
+                let early = apply(s, vec![item("frac", &[l], 1, Enforce)]).await;
+                assert!(!early.admitted, "token {k} admitted a millisecond early");
+            }
+            c.set(due);
+            assert!(
+                apply(s, vec![item("frac", &[l], 1, Enforce)])
+                    .await
+                    .admitted,
+                "token {k} on time"
+            );
+            if base < due || (base == due && ticks == 0) {
+                (base, ticks) = (due, 0);
+            }
+            let total = ticks + 1_000;
+            (base, ticks) = (base + total / 7, total % 7);
+        }
+    }
+
+    pub async fn sliding_log_counts_each_hit_for_exactly_one_window<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = log(3, 1_000);
+        c.set(T0 + 100);
+        apply(s, vec![item("log", &[l], 1, Enforce)]).await;
+        c.set(T0 + 600);
+        apply(s, vec![item("log", &[l], 2, Enforce)]).await;
+        c.set(T0 + 1_099);
+        let o = apply(s, vec![item("log", &[l], 1, Enforce)]).await;
+        assert_eq!(summary(&o), [(3, true, 1)]);
+        c.set(T0 + 1_100);
+        let o = apply(s, vec![item("log", &[l], 1, Enforce)]).await;
+        assert_eq!(summary(&o), [(3, false, 500)]);
+        c.set(T0 + 1_600);
+        assert_eq!(used(s, "log", l).await, 1);
+    }
+
+    pub async fn sliding_log_never_holds_more_than_the_limit<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = log(3, 1_000);
+        for t in 0..10 {
+            c.set(T0 + t);
+            // Shadow mode admits beyond the limit; the log keeps the newest 3.
+            assert!(
+                apply(s, vec![item("shadowed", &[l], 1, Shadow)])
+                    .await
+                    .admitted
+            );
+        }
+        assert_eq!(used(s, "shadowed", l).await, 3);
+        c.set(T0 + 1_007);
+        assert_eq!(
+            used(s, "shadowed", l).await,
+            2,
+            "the oldest kept hit was from t0+7"
+        );
+    }
+
+    pub async fn a_sliding_log_enforces_an_exact_minimum_gap<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let limits = [sliding(10, 60_000, 6_000), log(1, 2_000)];
+        assert!(
+            apply(s, vec![item("gap", &limits, 1, Enforce)])
+                .await
+                .admitted
+        );
+        c.set(T0 + 1_999);
+        assert!(
+            !apply(s, vec![item("gap", &limits, 1, Enforce)])
+                .await
+                .admitted
+        );
+        c.set(T0 + 2_000);
+        assert!(
+            apply(s, vec![item("gap", &limits, 1, Enforce)])
+                .await
+                .admitted
+        );
+    }
+
+    pub async fn quota_items_in_different_slots_are_refunded_together<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let one = fixed(1, 60_000);
+        let names: Vec<String> = (0..4).map(|i| format!("quota-{i}")).collect();
+        let all = || {
+            names
+                .iter()
+                .map(|n| item(n, &[one], 1, Quota))
+                .collect::<Vec<_>>()
+        };
+        assert!(apply(s, all()).await.admitted);
+        assert!(
+            !apply(s, all()).await.admitted,
+            "every quota descriptor over"
+        );
+        for n in &names {
+            assert_eq!(used(s, n, one).await, 1, "{n} counted once");
+        }
+    }
+
+    /// Weights whose sum passes u64 (the 2^64 − 1 of issue 11) fit nothing:
+    /// never wrapped into a small number, nothing counted, and the counter
+    /// keeps counting right afterwards.
+    pub async fn weights_summing_past_u64_are_never_admitted<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        for (name, l) in [
+            ("s", sliding(5, 60_000, 6_000)),
+            ("f", fixed(5, 60_000)),
+            ("b", bucket(5, 60_000, 5)),
+            ("l", log(5, 60_000)),
+        ] {
+            let o = apply(
+                s,
+                vec![
+                    item(name, &[l], 1, Enforce),
+                    item(name, &[l], u64::MAX, Enforce),
+                ],
+            )
+            .await;
+            assert!(!o.admitted, "{name}");
+            assert!(o.limits[1].over, "{name}");
+            assert_eq!(used(s, name, l).await, 0, "{name}: nothing counted");
+            for _ in 0..5 {
+                assert!(apply(s, vec![item(name, &[l], 1, Enforce)]).await.admitted);
+            }
+            assert!(
+                !apply(s, vec![item(name, &[l], 1, Enforce)]).await.admitted,
+                "{name}"
+            );
+        }
+    }
+
+    /// What shadow mode counts beyond the limit stops at MAX_HITS (2^53 − 1,
+    /// exact in Lua's doubles), in both stores alike, and the full counter
+    /// keeps rejecting.
+    pub async fn a_counter_never_holds_more_than_max_hits<S: CounterStore>(s: &S, _: &ManualClock) {
+        for (name, l) in [
+            ("s", sliding(5, 60_000, 6_000)),
+            ("f", fixed(5, 60_000)),
+            ("l", log(5, 60_000)),
+        ] {
+            for _ in 0..2 {
+                let o = apply(s, vec![item(name, &[l], u64::MAX, Shadow)]).await;
+                assert!(o.admitted, "{name}: shadow never rejects");
+                assert_eq!(o.limits[0].used, MAX_HITS, "{name}");
+            }
+            // A log trims what is beyond the limit at its next read.
+            let kept = if name == "l" { 5 } else { MAX_HITS };
+            let o = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (false, kept), "{name}");
+        }
+        let b = bucket(5, 60_000, 5);
+        let o = apply(s, vec![item("b", &[b], u64::MAX, Shadow)]).await;
+        assert!(o.admitted);
+        let o = apply(s, vec![item("b", &[b], 1, Enforce)]).await;
+        assert_eq!((o.admitted, o.limits[0].used), (false, 5));
+    }
+
+    /// At the cap the arithmetic is exact: a limit of 2^53 − 1 admits
+    /// exactly that many hits, and not one more.
+    pub async fn weights_at_max_hits_count_exactly<S: CounterStore>(s: &S, _: &ManualClock) {
+        for (name, l) in [
+            ("s", sliding(MAX_HITS, 60_000, 6_000)),
+            ("f", fixed(MAX_HITS, 60_000)),
+        ] {
+            let o = apply(s, vec![item(name, &[l], MAX_HITS - 1, Enforce)]).await;
+            assert_eq!(
+                (o.admitted, o.limits[0].used),
+                (true, MAX_HITS - 1),
+                "{name}"
+            );
+            let o = apply(s, vec![item(name, &[l], 2, Enforce)]).await;
+            assert_eq!(
+                (o.admitted, o.limits[0].used),
+                (false, MAX_HITS - 1),
+                "{name}"
+            );
+            let o = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (true, MAX_HITS), "{name}");
+            let o = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert_eq!((o.admitted, o.limits[0].used), (false, MAX_HITS), "{name}");
+        }
+    }
+}
+
+/// Stamps every case over the three stores.
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let clock = Arc::new(ManualClock::new(T0));
+                    let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+                    cases::$case(&store, &clock).await;
+                }
+            )*
+        }
+        mod redis {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let clock = Arc::new(ManualClock::new(T0));
+                    let store = redis_store(shared().url(), clock.clone()).await;
+                    cases::$case(&store, &clock).await;
+                    store.quit();
+                }
+            )*
+        }
+        mod redis_cluster {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let clock = Arc::new(ManualClock::new(T0));
+                    let store = redis_store(shared_cluster().url(), clock.clone()).await;
+                    cases::$case(&store, &clock).await;
+                    store.quit();
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    token_quota_refuses_the_fourth_request_when_counting_always,
+    token_quota_under_admitted_counting_lets_the_fourth_through,
+    an_overflowing_charge_counts_and_closes_the_budget,
+    always_items_count_in_a_rejected_request_admitted_ones_do_not,
+    refunds_give_back_and_never_go_below_empty,
+    a_refund_stands_when_its_request_is_refused,
+    concurrency_slots_are_taken_released_and_leased,
+    exactly_the_limit_then_rejection,
+    the_straddling_bucket_is_interpolated_and_rounded_up,
+    reset_is_the_expiry_of_the_oldest_counted_bucket,
+    fixed_window_counts_per_epoch_aligned_window,
+    a_rejected_request_counts_nothing_anywhere,
+    a_counter_named_twice_in_one_request_counts_both,
+    shadow_never_rejects_and_quota_rejects_only_when_all_are_over,
+    check_only_counts_nothing_and_passes_at_the_limit,
+    weights_count_whole_and_report_headroom,
+    every_limit_of_an_item_is_checked_and_counted,
+    a_clock_stepping_back_adds_to_the_newest_bucket,
+    a_long_idle_counter_is_forgotten,
+    many_identities_one_of_them_full_counts_nothing,
+    quota_items_in_different_slots_are_refunded_together,
+    token_bucket_admits_the_burst_then_one_per_interval,
+    token_bucket_keeps_fractional_intervals_exact,
+    sliding_log_counts_each_hit_for_exactly_one_window,
+    sliding_log_never_holds_more_than_the_limit,
+    a_sliding_log_enforces_an_exact_minimum_gap,
+    weights_summing_past_u64_are_never_admitted,
+    a_counter_never_holds_more_than_max_hits,
+    weights_at_max_hits_count_exactly,
+);
+
+/// Random request sequences give identical outcomes in memory and in Redis.
+mod equivalence {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    struct Step {
+        advance_ms: u64,
+        /// Who, which limits, weight, role, and 0 admitted / 1 always / 2 refund.
+        items: Vec<(usize, Vec<usize>, u64, Role, u8)>,
+    }
+
+    fn limits() -> Vec<LimitSpec> {
+        vec![
+            sliding(7, 1_000, 100),
+            sliding(3, 600, 600),
+            fixed(5, 500),
+            sliding(20, 3_000, 250),
+            bucket(5, 1_000, 3),
+            bucket(3, 700, 1),
+            log(4, 700),
+            log(2, 300),
+            concurrency(2, 400),
+        ]
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        let role =
+            prop_oneof![6 => Just(Role::Enforce), 1 => Just(Role::Shadow), 1 => Just(Role::Quota)];
+        let one = (
+            0..4usize,
+            prop::collection::vec(0..9usize, 1..=3),
+            0..=4u64,
+            role,
+            prop_oneof![5 => Just(0u8), 2 => Just(1u8), 2 => Just(2u8)],
+        );
+        (
+            prop_oneof![Just(0u64), 0..150u64, 0..1_500u64],
+            prop::collection::vec(one, 1..=3),
+        )
+            .prop_map(|(advance_ms, items)| Step { advance_ms, items })
+    }
+
+    fn batch(step: &Step) -> Batch {
+        let specs = limits();
+        Batch {
+            items: step
+                .items
+                .iter()
+                .map(|(who, which, hits, role, mode)| {
+                    let chosen: Vec<LimitSpec> = which.iter().map(|&i| specs[i]).collect();
+                    let name = format!("p{who}");
+                    match mode {
+                        0 => item(&name, &chosen, *hits, *role),
+                        1 => always(&name, &chosen, *hits, *role),
+                        _ => refund(&name, &chosen, *hits),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn run(url: fn() -> String, steps: Vec<Step>) -> Result<(), TestCaseError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let clock = Arc::new(ManualClock::new(T0 + 37));
+            let memory = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+            let redis = redis_store(url(), clock.clone()).await;
+            for (i, step) in steps.iter().enumerate() {
+                clock.advance(step.advance_ms);
+                let batch = batch(step);
+                let expected = memory.apply(&batch).await.unwrap();
+                let actual = redis.apply(&batch).await.unwrap();
+                prop_assert_eq!(&actual, &expected, "step {} at t0+{}", i, clock.now() - T0);
+            }
+            redis.quit();
+            Ok(())
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn memory_and_redis_decide_identically(steps in prop::collection::vec(step(), 1..40)) {
+            run(|| shared().url(), steps)?;
+        }
+
+        #[test]
+        fn memory_and_redis_cluster_decide_identically(steps in prop::collection::vec(step(), 1..40)) {
+            run(|| shared_cluster().url(), steps)?;
+        }
+    }
+}
