@@ -205,58 +205,43 @@ impl MemoryStore {
                 (key, shard)
             })
             .collect();
+        let mut locked = self.lock(&counters);
+        let (checked, admitted) = check(batch, &counters, &mut locked, now);
+        let limits = self.count(batch, &counters, &mut locked, &checked, admitted, now);
+        // Counting may have grown a sliding window or log past the shard's
+        // share of the bytes: make room, keeping this request's counters.
+        if batch.items.iter().any(|item| item.counted(admitted)) {
+            for shard in &mut locked.guards {
+                while shard.bytes > self.per_shard_bytes
+                    && shard.evict_one(&counters, now, self, Cap::Bytes)
+                {}
+            }
+        }
+        BatchOutcome { admitted, limits }
+    }
+
+    /// Locks the shards of `counters` in ascending order (no deadlock).
+    fn lock(&self, counters: &[(CounterKey, usize)]) -> Locked<'_> {
         let mut order: Vec<usize> = counters.iter().map(|(_, s)| *s).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| self.shards[i].lock()).collect();
-        let guard = |shard: usize| {
-            order
-                .binary_search(&shard)
-                .expect("every counter's shard is locked")
-        };
+        let guards = order.iter().map(|&i| self.shards[i].lock()).collect();
+        Locked { order, guards }
+    }
 
-        // Pass 1: check every limit as if every earlier limit of this request
-        // had been counted (a request may name one counter twice).
-        let mut checked: Vec<(u64, u64, bool)> = Vec::with_capacity(counters.len());
-        let mut verdicts = Vec::with_capacity(batch.items.len());
-        let mut index = 0;
-        for item in &batch.items {
-            let mut item_over = false;
-            for limit in &item.limits {
-                let (key, shard) = &counters[index];
-                let shard = &mut guards[guard(*shard)];
-                let pending: u64 = batch_hits_before(batch, &counters, index, key);
-                // Saturated, a sum past u64 fits no limit: never wrapped. A
-                // refund always fits (it only gives back).
-                let wanted = if item.refund {
-                    0
-                } else {
-                    pending.saturating_add(item.hits)
-                };
-                let (used, fits) = match shard.counters.get_mut(key) {
-                    Some(counter) => {
-                        let used = counter.state.used(limit, now);
-                        (used, counter.state.fits(limit, now, used, wanted))
-                    }
-                    None => (0, State::new(limit).fits(limit, now, 0, wanted)),
-                };
-                // A refund only gives back: never over.
-                let over = !fits && !item.refund;
-                item_over |= over;
-                checked.push((used, pending, over));
-                index += 1;
-            }
-            if !item.refund {
-                verdicts.push((item.role, item_over));
-            }
-        }
-        let admitted = admits(verdicts);
-
-        // Pass 2, in two phases (request order within each, as decide.lua
-        // counts): the debits that stand whatever the request decides
-        // (always-counted ones) and the refunds, then the debits counted
-        // only with an admitted request, everything or nothing.
+    /// Pass 2, in two phases (request order within each, as decide.lua
+    /// counts): the debits that stand whatever the request decides
+    /// (always-counted ones) and the refunds, then the debits counted only
+    /// with an admitted request, everything or nothing.
+    fn count(
+        &self,
+        batch: &Batch,
+        counters: &[(CounterKey, usize)],
+        locked: &mut Locked<'_>,
+        checked: &[(u64, u64, bool)],
+        admitted: bool,
+        now: Millis,
+    ) -> Vec<LimitOutcome> {
         let mut limits = vec![
             LimitOutcome {
                 used: 0,
@@ -275,12 +260,12 @@ impl MemoryStore {
                 }
                 for limit in &item.limits {
                     let (key, shard) = &counters[index];
-                    let shard = &mut *guards[guard(*shard)];
+                    let shard = locked.shard(*shard);
                     let (before, pending, over) = checked[index];
                     let counted = item.counted(admitted);
                     let mut refunded = None;
                     let (reset_ms, full_for_ms) = if counted {
-                        shard.count(key, limit, item.hits, &counters, now, self)
+                        shard.count(key, limit, item.hits, counters, now, self)
                     } else if item.refund {
                         let (used, reset, full) = shard.refund(key, limit, item.hits, now);
                         refunded = Some(used);
@@ -309,17 +294,73 @@ impl MemoryStore {
                 }
             }
         }
-        // Counting may have grown a sliding window or log past the shard's
-        // share of the bytes: make room, keeping this request's counters.
-        if batch.items.iter().any(|item| item.counted(admitted)) {
-            for shard in &mut guards {
-                while shard.bytes > self.per_shard_bytes
-                    && shard.evict_one(&counters, now, self, Cap::Bytes)
-                {}
-            }
-        }
-        BatchOutcome { admitted, limits }
+        limits
     }
+}
+
+/// The shards of one batch's counters, locked: one critical section.
+struct Locked<'a> {
+    /// Shard indexes, ascending.
+    order: Vec<usize>,
+    /// One guard per entry of `order`.
+    guards: Vec<MutexGuard<'a, Shard>>,
+}
+
+impl Locked<'_> {
+    /// The locked shard `shard`.
+    fn shard(&mut self, shard: usize) -> &mut Shard {
+        let i = self
+            .order
+            .binary_search(&shard)
+            .expect("every counter's shard is locked");
+        &mut self.guards[i]
+    }
+}
+
+/// Pass 1: checks every limit as if every earlier limit of this request had
+/// been counted (a request may name one counter twice). Per limit: the use
+/// before, the hits pending from earlier limits, and whether it is over;
+/// then whether the request is admitted.
+fn check(
+    batch: &Batch,
+    counters: &[(CounterKey, usize)],
+    locked: &mut Locked<'_>,
+    now: Millis,
+) -> (Vec<(u64, u64, bool)>, bool) {
+    let mut checked: Vec<(u64, u64, bool)> = Vec::with_capacity(counters.len());
+    let mut verdicts = Vec::with_capacity(batch.items.len());
+    let mut index = 0;
+    for item in &batch.items {
+        let mut item_over = false;
+        for limit in &item.limits {
+            let (key, shard) = &counters[index];
+            let shard = locked.shard(*shard);
+            let pending: u64 = batch_hits_before(batch, counters, index, key);
+            // Saturated, a sum past u64 fits no limit: never wrapped. A
+            // refund always fits (it only gives back).
+            let wanted = if item.refund {
+                0
+            } else {
+                pending.saturating_add(item.hits)
+            };
+            let (used, fits) = match shard.counters.get_mut(key) {
+                Some(counter) => {
+                    let used = counter.state.used(limit, now);
+                    (used, counter.state.fits(limit, now, used, wanted))
+                }
+                None => (0, State::new(limit).fits(limit, now, 0, wanted)),
+            };
+            // A refund only gives back: never over.
+            let over = !fits && !item.refund;
+            item_over |= over;
+            checked.push((used, pending, over));
+            index += 1;
+        }
+        if !item.refund {
+            verdicts.push((item.role, item_over));
+        }
+    }
+    (checked, admits(verdicts))
 }
 
 /// Hits that earlier limits of the same batch add to the same counter.
