@@ -211,28 +211,8 @@ pub async fn run_with<S: CounterStore>(
     let metrics = limiter.metrics();
     let closing = CancellationToken::new();
     // Before anything is served, so that bad files stop the start.
-    let tls = match listeners.grpc_tls {
-        Some(files) => {
-            let (ok, error) = metrics.tls_reload_counters();
-            Some(tls::Tls::start(
-                files,
-                tls::ReloadCounters { ok, error },
-                closing.clone(),
-            )?)
-        }
-        None => None,
-    };
-
-    // Shutdown in stages: health and readiness turn false at once, the
-    // listeners keep serving for `shutdown_delay` (so load balancers and
-    // Kubernetes remove the endpoint first), then stop accepting.
-    let (draining, close) = (shutdown.clone(), closing.clone());
-    let delay = options.shutdown_delay;
-    tokio::spawn(async move {
-        draining.cancelled().await;
-        tokio::time::sleep(delay).await;
-        close.cancel();
-    });
+    let tls = start_tls(listeners.grpc_tls, metrics, &closing)?;
+    close_after_delay(&shutdown, &closing, options.shutdown_delay);
 
     // RLQS beside RLS on the same port; its own state, off the RLS path.
     let (rlqs, rlqs_admin) = crate::rlqs::serve(&limiter, closing.clone());
@@ -265,32 +245,8 @@ pub async fn run_with<S: CounterStore>(
             grpc::AnyGrpcConnection::new(acceptor, &options.grpc, io, requests)
         },
     );
-    let admin_options = admin::AdminOptions {
-        response: options.response(extras),
-        counters: extras.admin_counters,
-        healthy_with_config_loaded: options.healthy_with_config_loaded,
-    };
-    // envoyproxy/ratelimit's debug port: the same guards as the admin
-    // port (it is on by default in drop-in mode, often on 0.0.0.0), with
-    // a cap of its own.
-    let debug = match options.debug_addr {
-        Some(addr) => {
-            let socket = TcpListener::bind(addr)
-                .await
-                .map_err(|error| ServeError::Debug { addr, error })?;
-            let limits = ConnLimits {
-                max_connections: DEBUG_MAX_CONNECTIONS,
-                ..options.http_connections
-            };
-            let router = admin::debug_router(limiter.clone(), shutdown.clone());
-            Some(serve_http(
-                socket, "debug", limits, router, &options, metrics, &closing,
-            ))
-        }
-        None => None,
-    };
-    let router =
-        admin::router_with(limiter.clone(), admin_options, shutdown.clone()).merge(rlqs_admin);
+    let debug = serve_debug(&limiter, &options, &shutdown, &closing).await?;
+    let router = admin_router(&limiter, &options, extras, &shutdown).merge(rlqs_admin);
     let admin = serve_http(
         listeners.http,
         "http",
@@ -305,19 +261,106 @@ pub async fn run_with<S: CounterStore>(
             debug.await;
         }
     };
-    // Long-lived streams (a health Watch, say) must not hold shutdown open
-    // past the grace period: Kubernetes would kill the pod mid-flight anyway.
+    within_grace(
+        async {
+            tokio::join!(grpc, admin, debug);
+        },
+        &closing,
+        options.shutdown_grace,
+    )
+    .await;
+    Ok(())
+}
+
+/// The admin port's routes over `limiter`.
+fn admin_router<S: CounterStore>(
+    limiter: &Arc<Limiter<S>>,
+    options: &ServeOptions,
+    extras: ServeExtras,
+    shutdown: &CancellationToken,
+) -> axum::Router {
+    let admin_options = admin::AdminOptions {
+        response: options.response(extras),
+        counters: extras.admin_counters,
+        healthy_with_config_loaded: options.healthy_with_config_loaded,
+    };
+    admin::router_with(limiter.clone(), admin_options, shutdown.clone())
+}
+
+/// The gRPC port's certificate reloader, when it serves TLS.
+fn start_tls(
+    files: Option<TlsFiles>,
+    metrics: &crate::telemetry::metrics::Metrics,
+    closing: &CancellationToken,
+) -> Result<Option<Arc<tls::Tls>>, ServeError> {
+    let Some(files) = files else {
+        return Ok(None);
+    };
+    let (ok, error) = metrics.tls_reload_counters();
+    Ok(Some(tls::Tls::start(
+        files,
+        tls::ReloadCounters { ok, error },
+        closing.clone(),
+    )?))
+}
+
+/// Shutdown in stages: health and readiness turn false at once (on
+/// `shutdown`), the listeners keep serving for `delay` (so load balancers
+/// and Kubernetes remove the endpoint first), then `closing` stops them
+/// accepting.
+fn close_after_delay(shutdown: &CancellationToken, closing: &CancellationToken, delay: Duration) {
+    let (draining, close) = (shutdown.clone(), closing.clone());
+    tokio::spawn(async move {
+        draining.cancelled().await;
+        tokio::time::sleep(delay).await;
+        close.cancel();
+    });
+}
+
+/// envoyproxy/ratelimit's debug port, when `debug_addr` is set: the same
+/// guards as the admin port (it is on by default in drop-in mode, often on
+/// 0.0.0.0), with a cap of its own.
+async fn serve_debug<S: CounterStore>(
+    limiter: &Arc<Limiter<S>>,
+    options: &ServeOptions,
+    shutdown: &CancellationToken,
+    closing: &CancellationToken,
+) -> Result<Option<impl std::future::Future<Output = ()> + use<S>>, ServeError> {
+    let Some(addr) = options.debug_addr else {
+        return Ok(None);
+    };
+    let socket = TcpListener::bind(addr)
+        .await
+        .map_err(|error| ServeError::Debug { addr, error })?;
+    let limits = ConnLimits {
+        max_connections: DEBUG_MAX_CONNECTIONS,
+        ..options.http_connections
+    };
+    let router = admin::debug_router(limiter.clone(), shutdown.clone());
+    let metrics = limiter.metrics();
+    Ok(Some(serve_http(
+        socket, "debug", limits, router, options, metrics, closing,
+    )))
+}
+
+/// Runs `serving` until it ends, or until `grace` after `closing`: long-lived
+/// streams (a health Watch, say) must not hold shutdown open past the grace
+/// period; Kubernetes would kill the pod mid-flight anyway.
+async fn within_grace(
+    serving: impl std::future::Future<Output = ()>,
+    closing: &CancellationToken,
+    grace: Duration,
+) {
     let deadline = async {
         closing.cancelled().await;
-        tokio::time::sleep(options.shutdown_grace).await;
+        tokio::time::sleep(grace).await;
     };
     tokio::select! {
-        ((), (), ()) = async { tokio::join!(grpc, admin, debug) } => {}
+        () = serving => {}
         () = deadline => {
-            tracing::warn!(grace = ?options.shutdown_grace, "connections still open after the shutdown grace period; stopping anyway");
+            tracing::warn!(grace = ?grace, "connections still open after the shutdown grace period; stopping anyway");
         }
     }
-    Ok(())
 }
 
 /// Most connections open at once on the debug port (`debug_addr`): it

@@ -21,6 +21,7 @@ use crate::telemetry::traces;
 use crate::telemetry::upstream::CallError;
 
 pub mod explain;
+pub mod json;
 
 /// `envoy.service.ratelimit.v3.RateLimitService` over a [`Limiter`].
 pub struct RateLimitService<S> {

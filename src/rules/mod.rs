@@ -8,6 +8,7 @@
 //! beyond reading rules files and imports no tokio, tonic or Redis client.
 
 mod compile;
+mod display;
 mod duration;
 mod stats_key;
 mod wildcard;

@@ -13,7 +13,6 @@
 //! unless `admin_counters` is set: anyone who reaches the admin port could
 //! otherwise refill any client's budget.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,18 +21,15 @@ use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use tokio_util::sync::CancellationToken;
 
-use crate::decision::{DecideError, Decision, Limiter, outcome_code};
-use crate::headers::{HeaderMode, headers};
-use crate::limiter::Algorithm;
-use crate::limiter::Unit;
-use crate::request::{Descriptor, DescriptorArg, Entry, Override, Request};
+use crate::decision::{DecideError, Limiter, outcome_code};
+use crate::headers::HeaderMode;
+use crate::request::{Descriptor, DescriptorArg, Entry, Request};
 use crate::rules::RuleSet;
 use crate::service::ResponseOptions;
-use crate::service::explain;
+use crate::service::json::{JsonRequest, JsonResponse};
 use crate::store::CounterStore;
 
 /// What the admin handlers share.
@@ -161,55 +157,9 @@ async fn rlconfig<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> String
     describe_rules(&admin.limiter.rules())
 }
 
-/// Per domain, where it came from (`# domain NAME from SOURCE`: a file path,
-/// or `xds:VERSION/RESOURCE`), then one line per rule:
-/// `domain/key=value/key: limits; flags`.
+/// The rules as `/rlconfig` shows them: [`RuleSet`]'s `Display`.
 pub fn describe_rules(rules: &RuleSet) -> String {
-    let mut out = String::new();
-    for domain in rules.domains() {
-        let _ = writeln!(out, "# domain {} from {}", domain.name(), domain.source());
-        for rule in domain.rules() {
-            let _ = write!(out, "{}: ", rule.path);
-            if rule.unlimited {
-                out.push_str("unlimited");
-            }
-            for (i, limit) in rule.limits.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(" | ");
-                }
-                let spec = &limit.spec;
-                let _ = write!(
-                    out,
-                    "requests_per_unit={} window={}ms unit={:?} algorithm={}",
-                    spec.requests,
-                    spec.window.duration_ms,
-                    limit.unit,
-                    spec.window.algorithm.name()
-                );
-                match spec.window.algorithm {
-                    Algorithm::SlidingWindow { precision_ms } => {
-                        let _ = write!(out, " precision={precision_ms}ms");
-                    }
-                    Algorithm::TokenBucket { burst } => {
-                        let _ = write!(out, " burst={burst}");
-                    }
-                    _ => {}
-                }
-                if let Some(name) = &limit.name {
-                    let _ = write!(out, " name={name}");
-                }
-                if !limit.replaces.is_empty() {
-                    let _ = write!(out, " replaces={}", limit.replaces.join(","));
-                }
-            }
-            let _ = writeln!(
-                out,
-                "; role={:?} detailed_metric={}",
-                rule.role, rule.detailed_metric
-            );
-        }
-    }
-    out
+    rules.to_string()
 }
 
 /// Whether a query asks for a peek: `peek`, `peek=true` or `peek=1`.
@@ -256,194 +206,25 @@ async fn json<S: CounterStore>(
         .record_request(outcome_code(&result), started.elapsed());
     match result {
         Ok(decision) => {
-            let status = if decision.admitted {
+            let response = JsonResponse::from_decision(&request, &decision, admin.options.response);
+            let status = if response.is_ok() {
                 StatusCode::OK
             } else {
                 StatusCode::TOO_MANY_REQUESTS
             };
-            let response = JsonResponse::from_decision(&request, &decision, admin.options.response);
             (status, axum::Json(response)).into_response()
         }
-        Err(DecideError::InvalidArgument(e)) => {
-            (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response()
-        }
-        Err(e @ DecideError::Store(_)) => {
+        Err(e) => decide_error(e),
+    }
+}
+
+/// A failed decision as HTTP: 400 for a bad request, 503 when the store is
+/// unavailable.
+fn decide_error(error: DecideError) -> Response {
+    match error {
+        DecideError::InvalidArgument(e) => bad_request(e),
+        e @ DecideError::Store(_) => {
             (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
-        }
-    }
-}
-
-/// `RateLimitRequest` in protobuf's JSON mapping.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonRequest {
-    #[serde(default)]
-    domain: String,
-    #[serde(default)]
-    descriptors: Vec<JsonDescriptor>,
-    #[serde(default, alias = "hits_addend")]
-    #[serde(rename = "hitsAddend")]
-    hits_addend: u32,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonDescriptor {
-    #[serde(default)]
-    entries: Vec<JsonEntry>,
-    #[serde(default)]
-    limit: Option<JsonOverride>,
-    #[serde(default, rename = "hitsAddend", alias = "hits_addend")]
-    hits_addend: Option<JsonU64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonEntry {
-    key: String,
-    #[serde(default)]
-    value: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonOverride {
-    #[serde(rename = "requestsPerUnit", alias = "requests_per_unit")]
-    requests_per_unit: u32,
-    unit: String,
-}
-
-/// protobuf's JSON writes 64-bit integers as strings; accept both.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum JsonU64 {
-    Number(u64),
-    Text(String),
-}
-
-impl JsonRequest {
-    fn into_request(self) -> Result<Request, String> {
-        let descriptors = self
-            .descriptors
-            .into_iter()
-            .map(|d| {
-                let limit = match d.limit {
-                    None => None,
-                    Some(l) => Some(Override {
-                        requests_per_unit: l.requests_per_unit,
-                        unit: Unit::from_proto_name(&l.unit)
-                            .ok_or_else(|| format!("invalid limit unit '{}'", l.unit))?,
-                    }),
-                };
-                let hits_addend = match d.hits_addend {
-                    None => None,
-                    Some(JsonU64::Number(n)) => Some(n),
-                    Some(JsonU64::Text(t)) => {
-                        Some(t.parse().map_err(|_| format!("invalid hitsAddend '{t}'"))?)
-                    }
-                };
-                Ok(Descriptor {
-                    entries: d
-                        .entries
-                        .into_iter()
-                        .map(|e| Entry {
-                            key: e.key,
-                            value: e.value,
-                        })
-                        .collect(),
-                    limit,
-                    is_negative_hits: false,
-                    hits_addend,
-                })
-            })
-            .collect::<Result<_, String>>()?;
-        Ok(Request {
-            domain: self.domain,
-            descriptors,
-            hits_addend: self.hits_addend,
-        })
-    }
-}
-
-/// `RateLimitResponse` in protobuf's JSON mapping.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonResponse {
-    overall_code: &'static str,
-    statuses: Vec<JsonStatus>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    response_headers_to_add: Vec<JsonHeader>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
-    /// protobuf's JSON writes bytes in base64; the problem document is
-    /// text, so it is given as it is, in a field of its own.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    problem: Option<serde_json::Value>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonStatus {
-    code: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    current_limit: Option<JsonLimit>,
-    limit_remaining: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    duration_until_reset: Option<String>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonLimit {
-    #[serde(skip_serializing_if = "String::is_empty")]
-    name: String,
-    requests_per_unit: u32,
-    unit: &'static str,
-}
-
-#[derive(Serialize)]
-struct JsonHeader {
-    key: &'static str,
-    value: String,
-}
-
-impl JsonResponse {
-    fn from_decision(request: &Request, decision: &Decision, options: ResponseOptions) -> Self {
-        let mode = options.headers;
-        let code = |over: bool| if over { "OVER_LIMIT" } else { "OK" };
-        let problem = options
-            .problem_body
-            .then(|| explain::problem_body(request, decision))
-            .flatten()
-            .and_then(|body| serde_json::from_str(&body).ok());
-        Self {
-            overall_code: code(!decision.admitted),
-            statuses: decision
-                .statuses
-                .iter()
-                .map(|s| JsonStatus {
-                    code: code(s.over_limit),
-                    current_limit: s.limit.as_ref().map(|l| JsonLimit {
-                        name: l.name.as_deref().unwrap_or_default().to_owned(),
-                        requests_per_unit: u32::try_from(l.requests).unwrap_or(u32::MAX),
-                        unit: l.unit.proto_name(),
-                    }),
-                    limit_remaining: u32::try_from(s.remaining).unwrap_or(u32::MAX),
-                    duration_until_reset: s
-                        .reset_ms
-                        .map(|ms| format!("{}.{:03}s", ms / 1_000, ms % 1_000)),
-                })
-                .collect(),
-            response_headers_to_add: headers(mode, decision)
-                .into_iter()
-                .map(|(key, value)| JsonHeader { key, value })
-                .collect(),
-            dynamic_metadata: explain::dynamic_metadata(
-                request,
-                decision,
-                options.dynamic_metadata,
-            ),
-            problem,
         }
     }
 }
@@ -476,30 +257,34 @@ fn counter_request(query: &HashMap<String, String>) -> Result<Request, String> {
 
 const COUNTERS_OFF: &str = "the /counters endpoint is off; set admin_counters to serve it (and keep the admin port private)\n";
 
+/// What both `/counters` methods check first: that the endpoint is on
+/// (404 otherwise) and that the query names one descriptor (400 otherwise).
+fn counters_preamble<S>(
+    admin: &Admin<S>,
+    query: &HashMap<String, String>,
+) -> Result<Request, (StatusCode, String)> {
+    if !admin.options.counters {
+        return Err((StatusCode::NOT_FOUND, COUNTERS_OFF.to_owned()));
+    }
+    counter_request(query).map_err(|e| (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")))
+}
+
 /// `GET /counters`: the descriptor's rule and its status from a weight-0
 /// decision (nothing is counted).
 async fn counters_get<S: CounterStore>(
     State(admin): State<Arc<Admin<S>>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    if !admin.options.counters {
-        return (StatusCode::NOT_FOUND, COUNTERS_OFF).into_response();
-    }
-    let request = match counter_request(&query) {
+    let request = match counters_preamble(&admin, &query) {
         Ok(request) => request,
-        Err(e) => return bad_request(e),
+        Err(refusal) => return refusal.into_response(),
     };
     let decision = match admin.limiter.decide(&request).await {
         Ok(decision) => decision,
-        Err(DecideError::InvalidArgument(e)) => return bad_request(e),
-        Err(e @ DecideError::Store(_)) => {
-            return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
-        }
+        Err(e) => return decide_error(e),
     };
     let status = JsonResponse::from_decision(&request, &decision, ResponseOptions::default())
-        .statuses
-        .into_iter()
-        .next();
+        .into_first_status();
     let rule = decision
         .statuses
         .first()
@@ -521,12 +306,9 @@ async fn counters_delete<S: CounterStore>(
     State(admin): State<Arc<Admin<S>>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    if !admin.options.counters {
-        return (StatusCode::NOT_FOUND, COUNTERS_OFF).into_response();
-    }
-    let request = match counter_request(&query) {
+    let request = match counters_preamble(&admin, &query) {
         Ok(request) => request,
-        Err(e) => return bad_request(e),
+        Err(refusal) => return refusal.into_response(),
     };
     let rules = admin.limiter.rules();
     let found = rules

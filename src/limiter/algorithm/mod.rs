@@ -79,6 +79,19 @@ impl Algorithm {
     }
 }
 
+/// The name used in rules files, then the parameter the variant carries:
+/// `sliding_window precision=1000ms`, `token_bucket burst=5`, `fixed_window`.
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())?;
+        match self {
+            Algorithm::SlidingWindow { precision_ms } => write!(f, " precision={precision_ms}ms"),
+            Algorithm::TokenBucket { burst } => write!(f, " burst={burst}"),
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::Concurrency => Ok(()),
+        }
+    }
+}
+
 impl LimitSpec {
     /// The most that can be in use at once: the burst of a token bucket, the
     /// number of requests per window otherwise. `remaining = capacity − used`.

@@ -1,0 +1,164 @@
+//! One shard of the in-memory store: its counters, its share of the bounds,
+//! and the eviction that keeps it within them.
+
+use foldhash::fast::RandomState;
+use indexmap::IndexMap;
+
+use super::*;
+
+/// Which cap made a shard evict a counter.
+#[derive(Clone, Copy)]
+pub(super) enum Cap {
+    Keys,
+    Bytes,
+}
+
+/// One counter's state and what eviction needs to rank it.
+pub(super) struct Counter {
+    pub(super) state: State,
+    /// The limit's `requests` when the counter was last counted: with the
+    /// key's window, the limit to measure how full the counter is.
+    pub(super) requests: u64,
+    /// What [`counter_bytes`] gave when the state last grew.
+    pub(super) bytes: usize,
+}
+
+pub(super) struct Shard {
+    /// foldhash, randomly seeded per process: several times cheaper than
+    /// SipHash on these short keys, and still not predictable by a client.
+    pub(super) counters: IndexMap<CounterKey, Counter, RandomState>,
+    /// Sum of the counters' `bytes`.
+    pub(super) bytes: usize,
+    /// xorshift state for eviction sampling; per shard so it needs no extra lock.
+    pub(super) rng: u64,
+}
+
+impl Shard {
+    /// Counts `hits` on `key` (created if missing, after making room when the
+    /// shard holds its share of counters) and returns its `reset_ms` and
+    /// `full_for` after the hits.
+    pub(super) fn count(
+        &mut self,
+        key: &CounterKey,
+        limit: &LimitSpec,
+        hits: u64,
+        batch: &[(CounterKey, usize)],
+        now: Millis,
+        store: &MemoryStore,
+    ) -> (u64, u64) {
+        if !self.counters.contains_key(key) {
+            if self.counters.len() >= store.per_shard {
+                self.evict_one(batch, now, store, Cap::Keys);
+            }
+            let state = State::new(limit);
+            let bytes = counter_bytes(key, &state);
+            self.bytes += bytes;
+            self.counters.insert(
+                key.clone(),
+                Counter {
+                    state,
+                    requests: limit.requests,
+                    bytes,
+                },
+            );
+        }
+        let Some(counter) = self.counters.get_mut(key) else {
+            return (0, 0);
+        };
+        counter.requests = limit.requests;
+        counter.state.add(limit, now, hits);
+        let bytes = counter_bytes(key, &counter.state);
+        let before = std::mem::replace(&mut counter.bytes, bytes);
+        let answer = (
+            counter.state.reset_ms(limit, now),
+            counter.state.full_for(limit, now),
+        );
+        self.bytes = self.bytes - before + bytes;
+        answer
+    }
+
+    /// Gives `hits` back to `key` (never below empty; a missing counter has
+    /// nothing to give back) and returns its `used`, `reset_ms` and
+    /// `full_for` after.
+    pub(super) fn refund(
+        &mut self,
+        key: &CounterKey,
+        limit: &LimitSpec,
+        hits: u64,
+        now: Millis,
+    ) -> (u64, u64, u64) {
+        let Some(counter) = self.counters.get_mut(key) else {
+            let fresh = State::new(limit);
+            return (0, fresh.reset_ms(limit, now), fresh.full_for(limit, now));
+        };
+        counter.state.refund(limit, now, hits);
+        let used = counter.state.used(limit, now);
+        let bytes = counter_bytes(key, &counter.state);
+        let before = std::mem::replace(&mut counter.bytes, bytes);
+        self.bytes = self.bytes - before + bytes;
+        (
+            used,
+            counter.state.reset_ms(limit, now),
+            counter.state.full_for(limit, now),
+        )
+    }
+
+    /// Removes the least valuable of a few sampled counters, never one of
+    /// `batch`: a counter that counts nothing at `now` first, then the one
+    /// whose limit is least used, then the one that expires soonest. Returns
+    /// whether one was removed.
+    pub(super) fn evict_one(
+        &mut self,
+        batch: &[(CounterKey, usize)],
+        now: Millis,
+        store: &MemoryStore,
+        cap: Cap,
+    ) -> bool {
+        let len = self.counters.len();
+        // (index, share of the limit in use, expiry)
+        let mut victim: Option<(usize, f64, Millis)> = None;
+        for _ in 0..EVICTION_SAMPLES.min(len) {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let i = (self.rng % len as u64) as usize;
+            let Some((key, counter)) = self.counters.get_index_mut(i) else {
+                continue;
+            };
+            if batch.iter().any(|(k, _)| k == key) {
+                continue;
+            }
+            let expires = counter.state.expires_at(&key.window);
+            let share = if expires <= now {
+                0.0
+            } else {
+                let spec = LimitSpec {
+                    requests: counter.requests,
+                    window: key.window,
+                };
+                // A limit of 0 counts nothing: nothing is lost by forgetting it.
+                let capacity = spec.capacity().max(1);
+                counter.state.used(&spec, now) as f64 / capacity as f64
+            };
+            if victim.is_none_or(|(_, s, e)| (share, expires) < (s, e)) {
+                victim = Some((i, share, expires));
+            }
+        }
+        let Some((i, _, expires)) = victim else {
+            return false;
+        };
+        if let Some((_, counter)) = self.counters.swap_remove_index(i) {
+            self.bytes -= counter.bytes;
+        }
+        if expires > now {
+            store.evicted.fetch_add(1, Ordering::Relaxed);
+            if let Some(metrics) = store.metrics.get() {
+                match cap {
+                    Cap::Keys => metrics.evicted_at_max_keys.inc(),
+                    Cap::Bytes => metrics.evicted_at_max_bytes.inc(),
+                };
+            }
+        }
+        true
+    }
+}
