@@ -85,6 +85,7 @@ const SHARED_PARENTS: &[&str] = &[
     "query",
     "settings",
     "settings::upstream",
+    "store::memory",
     "telemetry::metrics",
 ];
 

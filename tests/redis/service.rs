@@ -634,7 +634,7 @@ async fn a_hot_over_limit_key_costs_redis_nothing_until_it_can_fit_again() {
                 .unwrap()
         }
     };
-    let yaml = "domain: redis\ndescriptors:\n  - key: fixed\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}\n  - key: sliding\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
+    let yaml = "domain: redis\ndescriptors:\n  - key: fixed\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}\n  - key: sliding\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
     let options = LimiterOptions {
         local_cache: 1_000,
         clock: clock.clone(),
@@ -708,9 +708,13 @@ async fn a_hot_over_limit_key_costs_redis_nothing_until_it_can_fit_again() {
 
     // Step through time: the cached answer must be exactly what Redis would
     // answer — never a rejection once a hit fits, never an admission before.
-    // The sliding key (filled at t0+30 s) decays within about a second; the
-    // fixed key reopens at the minute, approached a millisecond at a time.
-    for (key, from, step) in [("sliding", T0 + 30_000, 7), ("fixed", T0 + 59_990, 1)] {
+    // The fixed key reopens at the minute, approached a millisecond at a
+    // time; the sliding key (filled at t0+30 s) then decays as its hits
+    // leave the trailing minute. Both windows are a minute long: Redis
+    // expires the HASHes in real seconds while this clock is manual, so a
+    // second-long window could vanish under a slow run and make Redis's
+    // answer differ from the cache's for a reason that is not the cache.
+    for (key, from, step) in [("fixed", T0 + 59_990, 1), ("sliding", T0 + 60_000, 50)] {
         clock.set(from);
         loop {
             let fits = fits_in_redis(&mut p, key).await;
@@ -729,15 +733,17 @@ async fn a_hot_over_limit_key_costs_redis_nothing_until_it_can_fit_again() {
             if fits {
                 break;
             }
-            assert!(clock.now() < T0 + 62_000, "{key} never reopened");
+            assert!(clock.now() < T0 + 120_000, "{key} never reopened");
             clock.advance(step);
         }
+        if key == "fixed" {
+            assert_eq!(
+                clock.now(),
+                T0 + 60_000,
+                "the fixed window reopens exactly at the minute"
+            );
+        }
     }
-    assert_eq!(
-        clock.now(),
-        T0 + 60_000,
-        "the fixed window reopens exactly at the minute"
-    );
     server.stop().await;
     probe.stop().await;
 }
