@@ -60,9 +60,9 @@ pub use self::info::server_info;
 use self::node::{Eval, Node, Script};
 pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
-use self::wire::{ItemPart, LIMIT_ARGS, answer_len, answers, hits, limit_args};
+use self::wire::{ItemPart, LIMIT_ARGS, answer_len, answers, hits, limit_args, role_code};
 use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
-use crate::limiter::{Clock, Counting, Identity, Role, Window, admits};
+use crate::limiter::{Clock, Identity, Window, admits};
 use crate::telemetry::metrics::ReconcileCounters;
 
 /// Assembled by build.rs from `redis/decide/` (see its `prelude.lua`).
@@ -316,17 +316,9 @@ impl RedisStore {
         let args = &mut eval.cmd;
         for &i in items {
             let item = &batch.items[i];
-            let role = match item.role {
-                _ if item.refund => 3,
-                Role::Enforce => 0,
-                Role::Shadow => 1,
-                Role::Quota => 2,
-            } + if item.counting == Counting::Always && !item.refund {
-                4
-            } else {
-                0
-            };
-            args.arg(role).arg(hits(item.hits)).arg(item.limits.len());
+            args.arg(role_code(item))
+                .arg(hits(item.hits))
+                .arg(item.limits.len());
             for limit in &item.limits {
                 args.arg(&limit_args(limit)[..]);
             }

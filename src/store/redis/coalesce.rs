@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
 
 use super::call::{Called, Owed, RECONCILE_WAIT, Shared, Target, Waiting};
-use super::wire::{Answer, LIMIT_ARGS, answer_len, answers, hits, limit_args};
+use super::wire::{Answer, ENFORCE, LIMIT_ARGS, answer_len, answers, hits, limit_args};
 use crate::limiter::{Algorithm, Counting, LimitSpec, Role, admits};
 use crate::store::{BatchItem, BatchOutcome, StoreError};
 
@@ -302,7 +302,7 @@ impl Coalescer {
             2 + LIMIT_ARGS + members.len(),
         );
         let args = &mut eval.cmd;
-        args.arg(0).arg(hits(members[0].hits)).arg(1);
+        args.arg(ENFORCE).arg(hits(members[0].hits)).arg(1);
         args.arg(&limit_args(&lane.limit)[..]);
         for member in &members[1..] {
             args.arg(hits(member.hits));
