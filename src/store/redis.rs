@@ -33,6 +33,7 @@
 //! its slots recover as soon as the topology names a new primary (whose
 //! breaker is closed).
 
+mod call;
 mod cluster;
 mod coalesce;
 mod dial;
@@ -43,44 +44,31 @@ mod tls;
 mod url;
 mod wire;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Serialize};
 
-use self::cluster::Cluster;
+use self::call::{Called, Owed, RefundCounts, Route, Shared, Target};
 pub use self::coalesce::Coalescing;
-use self::coalesce::{Lane, Lanes, Turn};
-use self::dial::{Dialer, Place};
+use self::coalesce::{Coalescer, Lane, Turn};
 #[cfg(feature = "bench")]
 pub use self::info::server_info;
-use self::node::{Eval, Node, Redirect, Script, Sent};
+use self::node::{Eval, Node, Script};
 pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
-use self::url::{Servers, parse_url};
-use self::wire::{Answer, ItemPart, LIMIT_ARGS, answer_len, answers, hits, limit_args};
-use super::{Batch, BatchItem, BatchOutcome, BreakerConfig, CounterStore, StoreError};
-use crate::limiter::{Clock, Counting, Identity, LimitSpec, Role, Window, admits};
+use self::wire::{ItemPart, LIMIT_ARGS, answer_len, answers, hits, limit_args, role_code};
+use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
+use crate::limiter::{Clock, Identity, Window, admits};
 use crate::telemetry::metrics::ReconcileCounters;
 
 /// Assembled by build.rs from `redis/decide/` (see its `prelude.lua`).
 const DECIDE: &str = include_str!(concat!(env!("OUT_DIR"), "/decide.lua"));
 const REFUND: &str = include_str!("redis/refund.lua");
 const RESET: &str = include_str!("redis/reset.lua");
-
-/// How long a call that timed out is still awaited, to refund what it
-/// counted.
-const RECONCILE_WAIT: Duration = Duration::from_secs(5);
-/// Redirects one call follows at most (a slot migrating twice in a row is
-/// already rare).
-const MAX_REDIRECTS: usize = 5;
-/// Pause before resending after `TRYAGAIN` (a migration moving the keys).
-const TRYAGAIN_PAUSE: Duration = Duration::from_millis(5);
-/// How long a call waits for a node it just learned of to connect.
-const NEW_NODE_GRACE: Duration = Duration::from_secs(1);
 
 /// Where the scripts take `now` from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
@@ -129,40 +117,8 @@ pub struct RedisStoreConfig {
 pub struct RedisStore {
     shared: Arc<Shared>,
     prefix: String,
-    coalesce: bool,
-}
-
-/// What a call needs, shared with the background tasks that finish calls
-/// their callers stopped waiting for.
-struct Shared {
-    route: Route,
-    /// Where one-second limits go, when a Redis of their own is set.
-    per_second: Option<Route>,
-    decide: Script,
-    refund: Script,
-    breaker: Option<BreakerConfig>,
-    /// The breakers' clock, and the scripts' in local time mode.
-    clock: Arc<dyn Clock>,
-    /// In local time mode, `now` is sent to the script.
-    local_time: bool,
-    /// Longest wait for one decision (`RedisStoreConfig::timeout`).
-    timeout: Duration,
-    /// Hot counters' queues (see `redis/coalesce.rs`).
-    lanes: Lanes,
-    /// Refund calls sent and not yet answered, and those that failed.
-    refunds: RefundCounts,
-}
-
-/// Refund calls: how many are in flight, how many failed (their hits stay
-/// counted until their window passes).
-#[derive(Default)]
-struct RefundCounts {
-    in_flight: AtomicU64,
-    failed: AtomicU64,
-    /// Where failures are also counted for the metrics, once told.
-    failures_metric: OnceLock<Counter>,
-    /// What became of calls that outlived their caller, once told.
-    reconciled_metric: OnceLock<ReconcileCounters>,
+    /// Hot counters' queues, when coalescing (see `redis/coalesce.rs`).
+    coalesce: Option<Arc<Coalescer>>,
 }
 
 /// What [`RedisStore::refunds`] reads.
@@ -172,24 +128,6 @@ pub struct Refunds {
     pub in_flight: u64,
     /// Refund calls that failed so far (each is also logged).
     pub failed: u64,
-}
-
-/// Which Redis a call goes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Target {
-    /// `url`: every counter but those that go to `PerSecond`.
-    Main,
-    /// `per_second_url`, when set.
-    PerSecond,
-}
-
-/// Where calls go.
-enum Route {
-    /// One server, or the primary a Sentinel names (followed on every
-    /// reconnect).
-    Single(Arc<Node>),
-    /// Redis Cluster, routed by slot here.
-    Cluster(Arc<Cluster>),
 }
 
 /// A Lua script that another module keeps in the store's Redis (RLQS's
@@ -231,7 +169,7 @@ impl ScriptRunner {
         eval.cmd.arg(args);
         self.shared
             .clone()
-            .send(Target::Main, eval, Guard::Breaker)
+            .send(Target::Main, eval, call::Guard::Breaker)
             .await
     }
 }
@@ -246,9 +184,12 @@ impl RedisStore {
         clock: Arc<dyn Clock>,
         connect_timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let route = Route::connect(&config.url, config, connect_timeout).await?;
+        let route =
+            Route::connect(&config.url, config.pool_size, &config.tls, connect_timeout).await?;
         let per_second = match &config.per_second_url {
-            Some(url) => Some(Route::connect(url, config, connect_timeout).await?),
+            Some(url) => {
+                Some(Route::connect(url, config.pool_size, &config.tls, connect_timeout).await?)
+            }
             None => None,
         };
         let shared = Arc::new(Shared {
@@ -260,7 +201,6 @@ impl RedisStore {
             clock,
             local_time: config.time == TimeSource::Local,
             timeout: config.timeout,
-            lanes: Lanes::default(),
             refunds: RefundCounts::default(),
         });
         let nodes: Vec<Arc<Node>> = std::iter::once(&shared.route)
@@ -283,10 +223,13 @@ impl RedisStore {
                 }
             }
         }
+        let coalesce = config
+            .coalesce
+            .then(|| Arc::new(Coalescer::new(shared.clone())));
         Ok(Self {
             shared,
             prefix: config.key_prefix.clone(),
-            coalesce: config.coalesce,
+            coalesce,
         })
     }
 
@@ -302,7 +245,9 @@ impl RedisStore {
 
     /// What is being coalesced now (see `redis/coalesce.rs`).
     pub fn coalescing(&self) -> Coalescing {
-        self.shared.lanes.now()
+        self.coalesce
+            .as_ref()
+            .map_or_else(Coalescing::default, |c| c.now())
     }
 
     /// Counts every refund call that fails in `counter` too (the metrics'
@@ -371,17 +316,9 @@ impl RedisStore {
         let args = &mut eval.cmd;
         for &i in items {
             let item = &batch.items[i];
-            let role = match item.role {
-                _ if item.refund => 3,
-                Role::Enforce => 0,
-                Role::Shadow => 1,
-                Role::Quota => 2,
-            } + if item.counting == Counting::Always && !item.refund {
-                4
-            } else {
-                0
-            };
-            args.arg(role).arg(hits(item.hits)).arg(item.limits.len());
+            args.arg(role_code(item))
+                .arg(hits(item.hits))
+                .arg(item.limits.len());
             for limit in &item.limits {
                 args.arg(&limit_args(limit)[..]);
             }
@@ -389,18 +326,9 @@ impl RedisStore {
         let expected = 1 + answer_len(whole) * limit_count;
         let started = self.shared.clock.now();
         let abandoned = Arc::new(AtomicBool::new(false));
-        // Run in the caller's task; boxed, so that it can move to a task of
-        // its own past the timeout. (A caller that goes away, its gRPC
-        // request cancelled, drops the call: sent or not, the script counts
-        // or not as one, and nobody was told anything.)
-        let mut sent = Box::pin(self.shared.clone().send(
-            target,
-            eval,
-            Guard::Abandonable(abandoned.clone()),
-        ));
-        let reply = match tokio::time::timeout(self.shared.timeout, &mut sent).await {
-            Ok(reply) => reply?,
-            Err(_) => {
+        let reply = match self.shared.call(target, eval, abandoned.clone()).await {
+            Called::Replied(reply) => reply?,
+            Called::Late(late) => {
                 // The script may still run: a task waits for its reply and
                 // refunds what it counted (see the module docs).
                 abandoned.store(true, Ordering::Relaxed);
@@ -419,11 +347,7 @@ impl RedisStore {
                         owed
                     })
                     .collect();
-                let shared = self.shared.clone();
-                tokio::spawn(async move {
-                    let late = tokio::time::timeout(RECONCILE_WAIT, sent).await;
-                    shared.reconcile(late, owed, expected, whole).await;
-                });
+                late.reconcile(move |shared, reply| shared.reconcile(reply, owed, expected, whole));
                 return Err(StoreError::Timeout(self.shared.timeout));
             }
         };
@@ -458,401 +382,6 @@ impl RedisStore {
             .map(|(item, answer)| answer.outcome(item, admitted))
             .collect();
         Ok(BatchOutcome { admitted, limits })
-    }
-}
-
-impl Route {
-    /// Connects to `url` with `config`'s pool, TLS and timeout.
-    async fn connect(
-        url: &RedisUrl,
-        config: &RedisStoreConfig,
-        connect_timeout: Duration,
-    ) -> Result<Self, StoreError> {
-        let invalid = |e: String| StoreError::Unavailable(format!("invalid Redis URL {url}: {e}"));
-        let endpoint = parse_url(url).map_err(invalid)?;
-        if !config.tls.is_default() && !endpoint.tls {
-            return Err(invalid(
-                "TLS files are set but the URL is not rediss:// (REDIS_TLS=true)".into(),
-            ));
-        }
-        let tls = match endpoint.tls {
-            true => Some(
-                config
-                    .tls
-                    .client_config()
-                    .map_err(StoreError::Unavailable)?,
-            ),
-            false => None,
-        };
-        let dialer = Arc::new(Dialer::new(&endpoint, tls, connect_timeout));
-        let size = config.pool_size.max(1);
-        let name = || url.to_string().into();
-        Ok(match endpoint.servers {
-            Servers::Cluster(seeds) => {
-                Route::Cluster(Cluster::connect(dialer, seeds, size, connect_timeout).await)
-            }
-            Servers::Single(address) => Route::Single(Arc::new(Node::new(
-                name(),
-                dialer,
-                Place::At(address),
-                size,
-            ))),
-            Servers::Sentinel { sentinels, service } => {
-                let place = Place::Primary { sentinels, service };
-                Route::Single(Arc::new(Node::new(name(), dialer, place, size)))
-            }
-        })
-    }
-
-    /// The nodes known now.
-    fn nodes(&self) -> Vec<Arc<Node>> {
-        match self {
-            Route::Single(node) => vec![node.clone()],
-            Route::Cluster(cluster) => cluster.nodes(),
-        }
-    }
-}
-
-impl Shared {
-    /// Where counters of `windows` live: the per-second Redis when there is
-    /// one and every window is one second long, the main one otherwise.
-    fn target<'a>(&self, windows: impl Iterator<Item = &'a Window>) -> Target {
-        let mut windows = windows.peekable();
-        let all_seconds = windows.peek().is_some() && windows.all(|w| w.duration_ms == 1_000);
-        if self.per_second.is_some() && all_seconds {
-            Target::PerSecond
-        } else {
-            Target::Main
-        }
-    }
-
-    /// The Cluster slot of `key` in `target`'s Redis; 0 where that is not
-    /// a Cluster (nothing routes by it there).
-    fn slot(&self, target: Target, key: &str) -> u16 {
-        match self.route(target) {
-            Route::Cluster(_) => cluster::slot(key.as_bytes()),
-            Route::Single(_) => 0,
-        }
-    }
-
-    /// The `now` a decision sends to the script: `None` reads Redis's clock.
-    fn script_now(&self) -> Option<i64> {
-        self.local_time
-            .then(|| i64::try_from(self.clock.now()).unwrap_or(i64::MAX))
-    }
-
-    /// A decide.lua call on `keys` (in `slot`) with its first arguments,
-    /// `now` and whether it is the whole request, and room for `args` more.
-    fn decide_eval<'k>(
-        &self,
-        keys: impl IntoIterator<Item = &'k str, IntoIter: ExactSizeIterator + Clone>,
-        slot: u16,
-        (now, whole): (Option<i64>, bool),
-        args: usize,
-    ) -> Eval {
-        let mut eval = Eval::new(&self.decide, keys, slot, 2 + args);
-        match now {
-            Some(now) => eval.cmd.arg(now),
-            None => eval.cmd.arg(""),
-        };
-        eval.cmd.arg(if whole { "all" } else { "part" });
-        eval
-    }
-
-    fn route(&self, target: Target) -> &Route {
-        match (target, &self.per_second) {
-            (Target::PerSecond, Some(route)) => route,
-            _ => &self.route,
-        }
-    }
-}
-
-impl Shared {
-    /// Runs a script once on the node owning `keys`, following Cluster
-    /// redirects (answers given before anything ran), never resending after
-    /// anything else.
-    async fn send(
-        self: Arc<Self>,
-        target: Target,
-        eval: Eval,
-        guard: Guard,
-    ) -> Result<Vec<i64>, StoreError> {
-        let eval = &eval;
-        let guard = &guard;
-        let cluster = match self.route(target) {
-            Route::Single(node) => {
-                return match self.run_on(node, eval, false, guard).await {
-                    Sent::Reply(reply) => Ok(reply),
-                    Sent::Failed(e) => Err(e),
-                    Sent::Redirect(r) => Err(StoreError::Unavailable(format!(
-                        "a Cluster redirect ({r:?}) from a Redis not configured as a Cluster; use redis-cluster://"
-                    ))),
-                };
-            }
-            Route::Cluster(cluster) => cluster,
-        };
-        let slot = eval.slot;
-        let mut next: Option<(Arc<Node>, bool)> = None;
-        for _ in 0..=MAX_REDIRECTS {
-            let (node, asking) = match next.take() {
-                Some(target) => target,
-                None => (cluster.node_for(slot)?, false),
-            };
-            if !node.is_connected() && node.age() < NEW_NODE_GRACE {
-                // Nothing sent yet: waiting for a new node is safe.
-                node.wait_connected(NEW_NODE_GRACE).await;
-            }
-            match self.run_on(&node, eval, asking, guard).await {
-                Sent::Reply(reply) => return Ok(reply),
-                Sent::Failed(e) => {
-                    cluster.refresh_soon();
-                    return Err(e);
-                }
-                Sent::Redirect(Redirect::Moved { slot, address }) => {
-                    next = Some((cluster.moved(slot, &address)?, false));
-                }
-                Sent::Redirect(Redirect::Ask { address }) => {
-                    next = Some((cluster.node_at(&address)?, true));
-                }
-                Sent::Redirect(Redirect::TryAgain) => tokio::time::sleep(TRYAGAIN_PAUSE).await,
-                Sent::Redirect(Redirect::Down(why)) => {
-                    cluster.refresh_soon();
-                    return Err(StoreError::Unavailable(format!(
-                        "Redis Cluster cannot serve slot {slot}: {why}"
-                    )));
-                }
-            }
-        }
-        Err(StoreError::Unavailable(format!(
-            "Redis Cluster slot {slot}: more than {MAX_REDIRECTS} redirects in one call"
-        )))
-    }
-
-    /// One attempt on `node`, through its breaker as `guard` says.
-    async fn run_on(&self, node: &Node, eval: &Eval, asking: bool, guard: &Guard) -> Sent {
-        let started = self.clock.now();
-        if self.breaker.is_some()
-            && !matches!(guard, Guard::Bypass)
-            && let Err(e) = node.circuit.check(started)
-        {
-            return Sent::Failed(e);
-        }
-        let sent = node.run(eval, asking).await;
-        let counts = match guard {
-            Guard::Breaker => true,
-            Guard::Abandonable(waiting) => !waiting.abandoned(),
-            Guard::Bypass => false,
-        };
-        if let Some(config) = self.breaker.as_ref().filter(|_| counts) {
-            match &sent {
-                Sent::Reply(_) => node.circuit.succeeded(),
-                Sent::Failed(_) => node.circuit.failed(config, started, self.clock.now()),
-                Sent::Redirect(_) => {}
-            }
-        }
-        sent
-    }
-
-    /// The caller of a call on `slot` stopped waiting: counts against the
-    /// breaker of the node that serves it.
-    fn timed_out(&self, target: Target, slot: u16, started: u64) {
-        let Some(config) = &self.breaker else {
-            return;
-        };
-        let node = match self.route(target) {
-            Route::Single(node) => node.clone(),
-            Route::Cluster(cluster) => match cluster.node_for(slot) {
-                Ok(node) => node,
-                Err(_) => return,
-            },
-        };
-        node.circuit.failed(config, started, self.clock.now());
-    }
-
-    /// Takes back the hits of `parts` (counted by decide.lua): one call per
-    /// slot, since a script may only touch keys of one slot. Each call waits
-    /// at most `timeout`; a refund that fails is logged (its hits stay
-    /// counted until their window passes).
-    async fn refund(self: &Arc<Self>, parts: Vec<(Owed, Vec<Answer>)>, timeout: Duration) {
-        // Where each refund call goes (a Redis and a slot): its keys and
-        // arguments.
-        type Place = (Target, u16);
-        let mut by_slot: Vec<(Place, Vec<String>, Vec<i64>)> = Vec::new();
-        for (owed, answers) in parts {
-            let place = (owed.target, self.slot(owed.target, &owed.key));
-            let group = match by_slot.iter().position(|(p, _, _)| *p == place) {
-                Some(g) => g,
-                None => {
-                    by_slot.push((place, Vec::new(), Vec::new()));
-                    by_slot.len() - 1
-                }
-            };
-            let (_, group_keys, args) = &mut by_slot[group];
-            group_keys.push(owed.key);
-            args.push(answers.len() as i64);
-            for (limit, answer) in owed.limits.iter().zip(&answers) {
-                args.extend(limit_args(limit));
-                args.extend([answer.slot, hits(owed.hits)]);
-            }
-        }
-        let counts = &self.refunds;
-        let mut in_flight = InFlight::new(&counts.in_flight, by_slot.len() as u64);
-        let calls = by_slot.into_iter().map(|((target, slot), keys, args)| {
-            let mut eval = Eval::new(&self.refund, &keys, slot, args.len());
-            eval.cmd.arg(args);
-            tokio::time::timeout(timeout, self.clone().send(target, eval, Guard::Bypass))
-        });
-        for result in join_all(calls).await {
-            let error = match result {
-                Ok(Ok(_)) => None,
-                Ok(Err(e)) => Some(e),
-                Err(_) => Some(StoreError::Timeout(timeout)),
-            };
-            if let Some(error) = error {
-                counts.failed.fetch_add(1, Ordering::SeqCst);
-                if let Some(metric) = counts.failures_metric.get() {
-                    metric.inc();
-                }
-                tracing::error!(error = %error, "could not refund hits counted for a request that was not admitted; they stay counted until their window passes");
-            }
-            in_flight.answered();
-        }
-    }
-}
-
-/// Calls counted in flight until each is answered, or until this is
-/// dropped (a task dropped mid-call, at shutdown).
-struct InFlight<'a> {
-    count: &'a AtomicU64,
-    left: u64,
-}
-
-impl<'a> InFlight<'a> {
-    fn new(count: &'a AtomicU64, calls: u64) -> Self {
-        count.fetch_add(calls, Ordering::SeqCst);
-        Self { count, left: calls }
-    }
-
-    /// One call was answered (or failed).
-    fn answered(&mut self) {
-        self.left -= 1;
-        self.count.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.count.fetch_sub(self.left, Ordering::SeqCst);
-    }
-}
-
-/// What one item of a call counted, should it have to be taken back.
-struct Owed {
-    target: Target,
-    key: String,
-    limits: Vec<LimitSpec>,
-    hits: u64,
-}
-
-impl Owed {
-    /// What `item`, counted at `key` in `target`'s Redis, would give back.
-    fn new(target: Target, key: &str, item: &BatchItem) -> Owed {
-        Owed {
-            target,
-            key: key.to_owned(),
-            limits: item.limits.clone(),
-            hits: item.hits,
-        }
-    }
-}
-
-/// Whoever waits for a call's reply.
-trait Waiting: Send + Sync {
-    /// Whether nobody does any more.
-    fn abandoned(&self) -> bool;
-}
-
-/// Set when the one caller stops waiting.
-impl Waiting for AtomicBool {
-    fn abandoned(&self) -> bool {
-        self.load(Ordering::Relaxed)
-    }
-}
-
-/// How a call meets its node's breaker.
-enum Guard {
-    /// Refused while the breaker is open; its outcome moves the breaker.
-    Breaker,
-    /// The same until nobody waits for the reply any more: its callers
-    /// stopped waiting (which already counted against the breaker), so a
-    /// late reply must not close a breaker that a slow Redis should open.
-    Abandonable(Arc<dyn Waiting>),
-    /// Neither refused nor counted: refunds, which keep counters true and
-    /// go to a Redis that has just answered.
-    Bypass,
-}
-
-impl Shared {
-    /// Refunds what a call counted after its caller was told `Timeout`.
-    async fn reconcile(
-        self: Arc<Self>,
-        late: Result<Result<Vec<i64>, StoreError>, tokio::time::error::Elapsed>,
-        owed: Vec<Owed>,
-        expected: usize,
-        whole: bool,
-    ) {
-        let Some(reply) = late_reply(&self.refunds, late) else {
-            return;
-        };
-        if reply.len() != expected || reply[0] != 1 {
-            // Not counted (rejected), or not a reply we can read.
-            return;
-        }
-        let mut values = answers(&reply, whole);
-        let parts: Vec<(Owed, Vec<Answer>)> = owed
-            .into_iter()
-            .map(|o| {
-                let answers = values.by_ref().take(o.limits.len()).collect();
-                (o, answers)
-            })
-            .filter(|(o, _)| o.hits > 0)
-            .collect();
-        if parts.is_empty() {
-            return;
-        }
-        tracing::info!(
-            items = parts.len(),
-            "refunding a decision that ran after its caller's timeout"
-        );
-        self.refund(parts, RECONCILE_WAIT).await;
-    }
-}
-
-/// The reply of a call that outlived its caller's timeout, awaited at most
-/// [`RECONCILE_WAIT`]; `None` (logged) when there is none to reconcile.
-fn late_reply(
-    counts: &RefundCounts,
-    late: Result<Result<Vec<i64>, StoreError>, tokio::time::error::Elapsed>,
-) -> Option<Vec<i64>> {
-    if let Some(metric) = counts.reconciled_metric.get() {
-        match &late {
-            Ok(Ok(_)) => metric.answered.inc(),
-            Ok(Err(_)) => metric.failed.inc(),
-            Err(_) => metric.no_reply.inc(),
-        };
-    }
-    match late {
-        Ok(Ok(reply)) => Some(reply),
-        // Not run (refused, not sent), or the connection went down after
-        // sending: nothing to take back that we can know of.
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "a Redis call that timed out then failed");
-            None
-        }
-        Err(_) => {
-            tracing::warn!(wait = ?RECONCILE_WAIT, "a Redis call that timed out gave no answer; if it ran, its hits stay counted until their window passes");
-            None
-        }
     }
 }
 
@@ -894,7 +423,7 @@ impl CounterStore for RedisStore {
         );
         self.shared
             .clone()
-            .send(target, eval, Guard::Breaker)
+            .send(target, eval, call::Guard::Breaker)
             .await
             .map(drop)
     }
@@ -906,7 +435,7 @@ impl CounterStore for RedisStore {
             let key = item.identity.storage_key(&self.prefix);
             let target = self.shared.target(item.limits.iter().map(|l| &l.window));
             let place = (target, self.shared.slot(target, &key));
-            if self.coalesce
+            if let Some(coalescer) = &self.coalesce
                 && let Some(limit) = coalesce::shared_limit(item)
             {
                 let (target, slot) = place;
@@ -916,12 +445,12 @@ impl CounterStore for RedisStore {
                     key,
                     limit,
                 };
-                return match self.shared.join(lane, item.hits) {
+                return match coalescer.join(lane, item.hits) {
                     Turn::First(next) => {
                         let keys = [next.lane.key.as_str()];
                         self.decide_whole(place, batch, &[0], &keys, now).await
                     }
-                    Turn::Queued(queued) => self.shared.wait(queued, item).await,
+                    Turn::Queued(queued) => coalescer.wait(queued, item).await,
                 };
             }
             return self.decide_whole(place, batch, &[0], &[key], now).await;
@@ -1024,26 +553,5 @@ impl CounterStore for RedisStore {
             })
             .collect();
         Ok(BatchOutcome { admitted, limits })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn calls_in_flight_are_taken_down_when_answered_or_dropped_unanswered() {
-        let count = AtomicU64::new(0);
-        let mut first = InFlight::new(&count, 3);
-        let second = InFlight::new(&count, 2);
-        assert_eq!(count.load(Ordering::SeqCst), 5);
-        first.answered();
-        assert_eq!(count.load(Ordering::SeqCst), 4);
-        drop(second);
-        assert_eq!(count.load(Ordering::SeqCst), 2);
-        first.answered();
-        first.answered();
-        drop(first);
-        assert_eq!(count.load(Ordering::SeqCst), 0);
     }
 }

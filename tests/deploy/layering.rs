@@ -91,16 +91,7 @@ const SHARED_PARENTS: &[&str] = &[
 
 /// Imports the checks let through for now, each with why: `(from, to, why)`,
 /// matching every import from a module under `from` to one under `to`.
-const EXCEPTIONS: &[(&str, &str, &str)] = &[
-    // redis helper: coalesce.rs is the Redis store's implementation split
-    // out (it takes the store's private Guard, Owed, Shared, Waiting…), and
-    // redis.rs drives its lanes.
-    (
-        "store::redis::coalesce",
-        "store::redis",
-        "redis helper: the Redis store's own issue",
-    ),
-];
+const EXCEPTIONS: &[(&str, &str, &str)] = &[];
 
 fn name(path: &[String]) -> String {
     if path.is_empty() {

@@ -34,8 +34,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::wire::{Answer, LIMIT_ARGS, answer_len, answers, hits, limit_args};
-use super::{Guard, Owed, RECONCILE_WAIT, Shared, Target, Waiting, late_reply};
+use super::call::{Called, Owed, RECONCILE_WAIT, Shared, Target, Waiting};
+use super::wire::{Answer, ENFORCE, LIMIT_ARGS, answer_len, answers, hits, limit_args};
 use crate::limiter::{Algorithm, Counting, LimitSpec, Role, admits};
 use crate::store::{BatchItem, BatchOutcome, StoreError};
 
@@ -129,6 +129,27 @@ impl Lanes {
     }
 }
 
+/// Coalesced calls: the lanes, over the call layer.
+pub(super) struct Coalescer {
+    calls: Arc<Shared>,
+    lanes: Lanes,
+}
+
+impl Coalescer {
+    /// Coalesces calls sent through `calls`.
+    pub(super) fn new(calls: Arc<Shared>) -> Self {
+        Self {
+            calls,
+            lanes: Lanes::default(),
+        }
+    }
+
+    /// How many lanes are busy, and how many requests wait in them.
+    pub(super) fn now(&self) -> Coalescing {
+        self.lanes.now()
+    }
+}
+
 /// A request's place in its lane.
 pub(super) enum Turn {
     /// The lane was idle: the request is decided alone, by its caller; the
@@ -139,7 +160,7 @@ pub(super) enum Turn {
     Queued(Queued),
 }
 
-/// A request waiting in a lane (see [`Shared::wait`]).
+/// A request waiting in a lane (see [`Coalescer::wait`]).
 pub(super) struct Queued {
     answer: oneshot::Receiver<Result<Verdict, StoreError>>,
     target: Target,
@@ -150,13 +171,13 @@ pub(super) struct Queued {
 /// Hands a lane on when its first request is done: to a flusher when
 /// requests wait there, or back to idle.
 pub(super) struct HandOff {
-    shared: Arc<Shared>,
+    coalescer: Arc<Coalescer>,
     pub(super) lane: Lane,
 }
 
 impl Drop for HandOff {
     fn drop(&mut self) {
-        let mut lanes = self.shared.lanes.lock();
+        let mut lanes = self.coalescer.lanes.lock();
         if lanes.get(&self.lane).is_none_or(Vec::is_empty) {
             lanes.remove(&self.lane);
             return;
@@ -165,15 +186,15 @@ impl Drop for HandOff {
         // Dropped outside a runtime only when it is shutting down.
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let shared = self.shared.clone();
-                runtime.spawn(shared.flush(self.lane.clone()));
+                let coalescer = self.coalescer.clone();
+                runtime.spawn(coalescer.flush(self.lane.clone()));
             }
-            Err(_) => self.shared.lanes.abandon(&self.lane),
+            Err(_) => self.coalescer.lanes.abandon(&self.lane),
         }
     }
 }
 
-impl Shared {
+impl Coalescer {
     /// Joins `lane` with a request of weight `hits`.
     pub(super) fn join(self: &Arc<Self>, lane: Lane, hits: u64) -> Turn {
         match self.lanes.lock().entry(lane) {
@@ -187,14 +208,14 @@ impl Shared {
                     answer,
                     target: queue.key().target,
                     slot: queue.key().slot,
-                    started: self.clock.now(),
+                    started: self.calls.clock.now(),
                 })
             }
             Entry::Vacant(idle) => {
                 let lane = idle.key().clone();
                 idle.insert(Vec::new());
                 Turn::First(HandOff {
-                    shared: self.clone(),
+                    coalescer: self.clone(),
                     lane,
                 })
             }
@@ -208,7 +229,7 @@ impl Shared {
         queued: Queued,
         item: &BatchItem,
     ) -> Result<BatchOutcome, StoreError> {
-        let timeout = self.timeout;
+        let timeout = self.calls.timeout;
         let mut answer = queued.answer;
         let told = match tokio::time::timeout(timeout, &mut answer).await {
             Ok(told) => told.map_err(|_| dropped()),
@@ -230,7 +251,8 @@ impl Shared {
         // Told by its own timer or by the flusher's: each request that times
         // out counts against the breaker, as it does alone.
         if let Err(StoreError::Timeout(_)) = result {
-            self.timed_out(queued.target, queued.slot, queued.started);
+            self.calls
+                .timed_out(queued.target, queued.slot, queued.started);
         }
         result
     }
@@ -268,19 +290,19 @@ impl Shared {
 
     /// One call deciding `members` (at least one), in their order; past
     /// the timeout it is left to finish in the background and reconciled.
-    async fn call(self: &Arc<Self>, lane: &Lane, members: Vec<Waiter>) {
-        let timeout = self.timeout;
+    async fn call(&self, lane: &Lane, members: Vec<Waiter>) {
+        let calls = &self.calls;
         // As decide.lua takes them, after now and mode: the first request's
         // role (0, enforcing), weight and number of limits, the limit, then
         // the others' weights.
-        let mut eval = self.decide_eval(
+        let mut eval = calls.decide_eval(
             [lane.key.as_str()],
             lane.slot,
-            (self.script_now(), true),
+            (calls.script_now(), true),
             2 + LIMIT_ARGS + members.len(),
         );
         let args = &mut eval.cmd;
-        args.arg(0).arg(hits(members[0].hits)).arg(1);
+        args.arg(ENFORCE).arg(hits(members[0].hits)).arg(1);
         args.arg(&limit_args(&lane.limit)[..]);
         for member in &members[1..] {
             args.arg(hits(member.hits));
@@ -288,94 +310,87 @@ impl Shared {
         // Shared with the breaker's guard: a late reply, when every member
         // stopped waiting, must not close a breaker their timeouts opened.
         let members = Arc::new(Members(Mutex::new(members)));
-        let mut sent = Box::pin(self.clone().send(
-            lane.target,
-            eval,
-            Guard::Abandonable(members.clone()),
-        ));
-        let reply = match tokio::time::timeout(timeout, &mut sent).await {
-            Ok(reply) => reply,
-            Err(_) => {
+        let reply = match calls.call(lane.target, eval, members.clone()).await {
+            Called::Replied(reply) => reply,
+            Called::Late(late) => {
+                let timeout = calls.timeout;
                 for member in members.lock().iter_mut() {
                     if let Some(tell) = member.tell.take() {
                         let _ = tell.send(Err(StoreError::Timeout(timeout)));
                     }
                 }
-                let (shared, lane) = (self.clone(), lane.clone());
-                tokio::spawn(async move {
-                    let late = tokio::time::timeout(RECONCILE_WAIT, sent).await;
-                    if let Some(reply) = late_reply(&shared.refunds, late) {
-                        let members = members.take();
-                        tracing::info!(
-                            requests = members.len(),
-                            "refunding coalesced decisions that ran after their callers' timeout"
-                        );
-                        shared.answer(&lane, members, &reply);
-                    }
+                let lane = lane.clone();
+                late.reconcile(move |shared, reply| async move {
+                    let members = members.take();
+                    tracing::info!(
+                        requests = members.len(),
+                        "refunding coalesced decisions that ran after their callers' timeout"
+                    );
+                    answer(&shared, &lane, members, &reply);
                 });
                 return;
             }
         };
         let members = members.take();
         match reply {
-            Ok(reply) => self.answer(lane, members, &reply),
+            Ok(reply) => answer(calls, lane, members, &reply),
             Err(e) => fail(members, &e),
         }
     }
+}
 
-    /// Tells each member what `reply` decided for it, and refunds what was
-    /// counted for members no longer waiting (in a task of its own, so the
-    /// lane's next call does not wait for it).
-    fn answer(self: &Arc<Self>, lane: &Lane, members: Vec<Waiter>, reply: &[i64]) {
-        // `applied` and the first request's answer, then one value for
-        // each other request.
-        let whole = answer_len(true);
-        let Some(first) = (reply.len() == whole + members.len())
-            .then(|| answers(&reply[..1 + whole], true).next())
-            .flatten()
-        else {
-            let e = format!("unexpected script reply of {} values", reply.len());
-            fail(members, &StoreError::Unavailable(e));
-            return;
+/// Tells each member what `reply` decided for it, and refunds what was
+/// counted for members no longer waiting (in a task of its own, so the
+/// lane's next call does not wait for it).
+fn answer(shared: &Arc<Shared>, lane: &Lane, members: Vec<Waiter>, reply: &[i64]) {
+    // `applied` and the first request's answer, then one value for each
+    // other request.
+    let whole = answer_len(true);
+    let Some(first) = (reply.len() == whole + members.len())
+        .then(|| answers(&reply[..1 + whole], true).next())
+        .flatten()
+    else {
+        let e = format!("unexpected script reply of {} values", reply.len());
+        fail(members, &StoreError::Unavailable(e));
+        return;
+    };
+    let (mut counted, mut unclaimed) = (0u64, 0u64);
+    for (i, member) in members.into_iter().enumerate() {
+        let over = if i == 0 {
+            first.over
+        } else {
+            reply[whole + i] == 1
         };
-        let (mut counted, mut unclaimed) = (0u64, 0u64);
-        for (i, member) in members.into_iter().enumerate() {
-            let over = if i == 0 {
-                first.over
-            } else {
-                reply[whole + i] == 1
-            };
-            let admitted = admits([(Role::Enforce, over)]);
-            let answer = Answer {
-                before: first.before.saturating_add(counted),
-                pending: 0,
-                over,
-                ..first
-            };
-            if admitted {
-                counted = counted.saturating_add(member.hits);
-            }
-            let told = member
-                .tell
-                .is_some_and(|tell| tell.send(Ok(Verdict { admitted, answer })).is_ok());
-            if admitted && !told {
-                unclaimed = unclaimed.saturating_add(member.hits);
-            }
+        let admitted = admits([(Role::Enforce, over)]);
+        let answer = Answer {
+            before: first.before.saturating_add(counted),
+            pending: 0,
+            over,
+            ..first
+        };
+        if admitted {
+            counted = counted.saturating_add(member.hits);
         }
-        if unclaimed > 0 {
-            let owed = Owed {
-                target: lane.target,
-                key: lane.key.clone(),
-                limits: vec![lane.limit],
-                hits: unclaimed,
-            };
-            let shared = self.clone();
-            tokio::spawn(async move {
-                shared
-                    .refund(vec![(owed, vec![first])], RECONCILE_WAIT)
-                    .await;
-            });
+        let told = member
+            .tell
+            .is_some_and(|tell| tell.send(Ok(Verdict { admitted, answer })).is_ok());
+        if admitted && !told {
+            unclaimed = unclaimed.saturating_add(member.hits);
         }
+    }
+    if unclaimed > 0 {
+        let owed = Owed {
+            target: lane.target,
+            key: lane.key.clone(),
+            limits: vec![lane.limit],
+            hits: unclaimed,
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            shared
+                .refund(vec![(owed, vec![first])], RECONCILE_WAIT)
+                .await;
+        });
     }
 }
 

@@ -1,11 +1,28 @@
 //! The scripts' wire format on the Rust side: how a limit and a weight are
 //! passed to decide.lua and refund.lua, and how a decide.lua reply reads.
 
-use crate::limiter::{Algorithm, LimitSpec};
+use crate::limiter::{Algorithm, Counting, LimitSpec, Role};
 use crate::store::{BatchItem, LimitOutcome, counted_used};
 
 pub(super) fn hits(hits: u64) -> i64 {
     i64::try_from(hits).unwrap_or(i64::MAX)
+}
+
+/// The role code decide.lua reads for an enforcing item counted only when
+/// admitted (driver.lua: `0`).
+pub(super) const ENFORCE: u8 = 0;
+
+/// How decide.lua reads an item's role: enforce 0, shadow 1, quota 2,
+/// refund 3, plus 4 when its hits count even if refused.
+pub(super) fn role_code(item: &BatchItem) -> u8 {
+    let role = match item.role {
+        _ if item.refund => 3,
+        Role::Enforce => ENFORCE,
+        Role::Shadow => 1,
+        Role::Quota => 2,
+    };
+    let always = item.counting == Counting::Always && !item.refund;
+    role + if always { 4 } else { 0 }
 }
 
 /// Arguments per limit in both scripts' calls.
