@@ -196,26 +196,10 @@ pub fn bounds(s: &Settings) -> Bounds {
 mod tests {
     use super::*;
     use crate::limiter::{Counting, MAX_HITS};
-    use crate::settings::{Secret, SettingsError, SettingsFlags};
+    use crate::settings::tests::{env, load as settings_from};
+    use crate::settings::{Secret, SettingsFlags};
     use std::net::SocketAddr;
     use std::path::Path;
-
-    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
-        Some(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
-    }
-
-    fn settings_from(
-        file: Option<&Path>,
-        flags: &SettingsFlags,
-        env: Option<config::Map<String, String>>,
-    ) -> Result<Settings, SettingsError> {
-        Settings::load_from(file, flags, env).map(|loaded| loaded.settings)
-    }
 
     /// The listeners' defaults are the settings' defaults (each is written
     /// in its own layer), except the connection age, which only the

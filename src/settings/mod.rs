@@ -340,4 +340,4 @@ impl std::fmt::Debug for Secret {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,27 +1,31 @@
 //! Loading the settings (precedence, errors naming their origin, values
 //! that must be positive) and the declaration (flags, env, docs).
 
+use super::*;
+use std::path::Path;
+
+/// An environment of exactly these variables.
+pub(crate) fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+/// The settings alone (the warnings are the upstream layer's tests').
+pub(crate) fn load(
+    file: Option<&Path>,
+    flags: &SettingsFlags,
+    env: Option<config::Map<String, String>>,
+) -> Result<Settings, SettingsError> {
+    Settings::load_from(file, flags, env).map(|loaded| loaded.settings)
+}
+
 mod loading {
     use super::super::*;
-    use std::path::Path;
-
-    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
-        Some(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
-    }
-
-    /// The settings alone (the warnings are the upstream layer's tests').
-    fn load(
-        file: Option<&Path>,
-        flags: &SettingsFlags,
-        env: Option<config::Map<String, String>>,
-    ) -> Result<Settings, SettingsError> {
-        Settings::load_from(file, flags, env).map(|loaded| loaded.settings)
-    }
+    use super::{env, load};
 
     #[test]
     fn defaults_apply_when_nothing_is_set() {
@@ -239,31 +243,13 @@ mod loading {
 
 mod declaration {
     use super::super::*;
+    use super::{env, load};
     use clap::CommandFactory as _;
-    use std::path::Path;
 
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
         flags: SettingsFlags,
-    }
-
-    fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
-        Some(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
-    }
-
-    /// The settings alone (the warnings are the upstream layer's tests').
-    fn load(
-        file: Option<&Path>,
-        flags: &SettingsFlags,
-        env: Option<config::Map<String, String>>,
-    ) -> Result<Settings, SettingsError> {
-        Settings::load_from(file, flags, env).map(|loaded| loaded.settings)
     }
 
     #[test]
