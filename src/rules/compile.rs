@@ -3,8 +3,6 @@
 //! error yields no domain, so a bad file can never be half loaded.
 
 use std::collections::{HashMap, HashSet};
-use std::fs;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::duration::{parse_duration, parse_unit};
@@ -69,47 +67,6 @@ const RATE_LIMIT_KEYS: &[&str] = &[
 /// soon. `lease:` in the rule overrides it.
 pub const DEFAULT_LEASE_MS: u64 = 30_000;
 
-/// Loads every file named, and every `*.yaml`/`*.yml` file anywhere below
-/// every directory named (like envoyproxy/ratelimit's loader, which walks the
-/// tree), skipping files and directories whose name starts with `.` and
-/// following symlinks. A file reached twice (named twice, or through two
-/// paths) is loaded once. A directory without any rules file is an error: an
-/// operator pointing at the wrong mount must not start a limiter that limits
-/// nothing. Domains must be unique across all the files.
-pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
-    let mut errors = Vec::new();
-    let mut files = Vec::new();
-    for path in paths {
-        files.extend(list_files(path, &mut errors));
-    }
-    let mut loaded = HashSet::new();
-    let mut domains: Vec<Domain> = Vec::new();
-    let mut seen: HashMap<String, String> = HashMap::new();
-    for file in files {
-        // The same file named twice would otherwise be a duplicate of itself.
-        if !loaded.insert(fs::canonicalize(&file).unwrap_or_else(|_| file.clone())) {
-            continue;
-        }
-        let label = file.display().to_string();
-        let bytes = match read_capped(&file) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                errors.push(file_error(&label, format!("cannot read: {e}")));
-                continue;
-            }
-        };
-        match parse_domain(&label, &bytes) {
-            Ok(domain) => add_domain(domain, label, &mut seen, &mut domains, &mut errors),
-            Err(errs) => errors.extend(errs),
-        }
-    }
-    if errors.is_empty() {
-        Ok(RuleSet::from_domains(domains))
-    } else {
-        Err(errors)
-    }
-}
-
 /// Adds a compiled domain to the set being built, or an error when a domain
 /// of that name came earlier (from the source labelled in `seen`). The one
 /// rule for duplicates, whether the domains come from files or from xDS.
@@ -137,91 +94,7 @@ pub(crate) fn add_domain(
     }
 }
 
-/// The file's bytes, reading no more than one byte past [`MAX_FILE_BYTES`]
-/// (so that [`parse_domain`] can refuse a larger file without it being read).
-fn read_capped(file: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    fs::File::open(file)?
-        .take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)?;
-    Ok(bytes)
-}
-
-/// The rules files `path` names: itself when it is a file, else every rules
-/// file below it in path order. Problems are added to `errors`.
-fn list_files(path: &Path, errors: &mut Vec<ConfigError>) -> Vec<PathBuf> {
-    let label = path.display().to_string();
-    let meta = match fs::metadata(path) {
-        Ok(meta) => meta,
-        Err(e) => {
-            errors.push(file_error(&label, format!("cannot read: {e}")));
-            return Vec::new();
-        }
-    };
-    if !meta.is_dir() {
-        return vec![path.to_path_buf()];
-    }
-    let mut files = Vec::new();
-    let failed = errors.len();
-    walk(path, &mut HashSet::new(), &mut files, errors);
-    if files.is_empty() && errors.len() == failed {
-        errors.push(file_error(
-            &label,
-            format!("no rules files (*.yaml, *.yml) found in {label}"),
-        ));
-    }
-    files.sort();
-    files
-}
-
-/// Adds the rules files below `dir` to `files`, depth first in name order.
-/// `visited` holds the canonical paths of the directories already walked, so
-/// that a symlink back up the tree cannot loop.
-fn walk(
-    dir: &Path,
-    visited: &mut HashSet<PathBuf>,
-    files: &mut Vec<PathBuf>,
-    errors: &mut Vec<ConfigError>,
-) {
-    if !visited.insert(fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())) {
-        return;
-    }
-    let label = dir.display().to_string();
-    let mut entries = match fs::read_dir(dir).and_then(Iterator::collect::<Result<Vec<_>, _>>) {
-        Ok(entries) => entries,
-        Err(e) => {
-            errors.push(file_error(&label, format!("cannot list: {e}")));
-            return;
-        }
-    };
-    entries.sort_by_key(fs::DirEntry::file_name);
-    for entry in entries {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        // Hidden names are skipped. Kubernetes ConfigMap volumes keep the real
-        // files under `..data` and `..<timestamp>`; the visible names are
-        // symlinks into them, which `metadata` follows.
-        if name.starts_with('.') {
-            continue;
-        }
-        let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        let path = entry.path();
-        match fs::metadata(&path) {
-            Ok(meta) if meta.is_dir() => walk(&path, visited, files, errors),
-            Ok(meta) if meta.is_file() && is_yaml => files.push(path),
-            Ok(_) => {}
-            // A dangling symlink names no file.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) if is_yaml => errors.push(file_error(
-                &path.display().to_string(),
-                format!("cannot read: {e}"),
-            )),
-            Err(_) => {}
-        }
-    }
-}
-
-fn file_error(file: &str, message: String) -> ConfigError {
+pub(super) fn file_error(file: &str, message: String) -> ConfigError {
     ConfigError {
         file: file.to_owned(),
         line: 0,

@@ -10,6 +10,7 @@
 mod compile;
 mod display;
 mod duration;
+mod load;
 mod stats_key;
 mod wildcard;
 pub mod yaml;
@@ -20,10 +21,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use compile::{
-    DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, MAX_PATH_BYTES, compile_trees, load_paths,
-    parse_domain,
+    DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, MAX_PATH_BYTES, compile_trees, parse_domain,
 };
 pub use duration::{parse_duration, parse_unit};
+pub use load::load_paths;
 pub use stats_key::{detailed_stats_key, sanitize, stats_key};
 pub use wildcard::Pattern;
 
