@@ -454,25 +454,7 @@ fn envoy_limits_requests_through_sluice_end_to_end() {
         .expect("the rate-limit filter")["typed_config"]["failure_mode_deny"]
         .as_bool()
         .unwrap();
-    for cluster in config["static_resources"]["clusters"]
-        .as_array_mut()
-        .unwrap()
-    {
-        let to = if cluster["name"] == "sluice" {
-            grpc
-        } else {
-            app
-        };
-        for endpoints in cluster["load_assignment"]["endpoints"]
-            .as_array_mut()
-            .unwrap()
-        {
-            for lb in endpoints["lb_endpoints"].as_array_mut().unwrap() {
-                lb["endpoint"]["address"]["socket_address"] =
-                    json!({"address": "127.0.0.1", "port_value": to.port()});
-            }
-        }
-    }
+    support::envoy::route_clusters(&mut config, grpc, app);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("envoy.json");
     std::fs::write(&path, serde_json::to_string(&config).unwrap()).unwrap();

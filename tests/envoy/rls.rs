@@ -453,25 +453,7 @@ fn example_front_proxy(sluice: SocketAddr, app: SocketAddr) -> (Value, SocketAdd
             }
         }
     }
-    for cluster in config["static_resources"]["clusters"]
-        .as_array_mut()
-        .unwrap()
-    {
-        let to = if cluster["name"] == "sluice" {
-            sluice
-        } else {
-            app
-        };
-        for endpoints in cluster["load_assignment"]["endpoints"]
-            .as_array_mut()
-            .unwrap()
-        {
-            for lb in endpoints["lb_endpoints"].as_array_mut().unwrap() {
-                lb["endpoint"]["address"]["socket_address"] =
-                    json!({"address": "127.0.0.1", "port_value": to.port()});
-            }
-        }
-    }
+    support::envoy::route_clusters(&mut config, sluice, app);
     (
         config,
         ([127, 0, 0, 1], listen).into(),

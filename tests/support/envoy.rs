@@ -130,3 +130,30 @@ pub fn application() -> SocketAddr {
     });
     addr
 }
+
+/// Points the static clusters of an Envoy configuration at local servers:
+/// the cluster named `sluice` at `sluice`, every other one at `app`.
+pub fn route_clusters(config: &mut Value, sluice: SocketAddr, app: SocketAddr) {
+    for cluster in config["static_resources"]["clusters"]
+        .as_array_mut()
+        .expect("static clusters")
+    {
+        let to = if cluster["name"] == "sluice" {
+            sluice
+        } else {
+            app
+        };
+        for endpoints in cluster["load_assignment"]["endpoints"]
+            .as_array_mut()
+            .expect("endpoints")
+        {
+            for lb in endpoints["lb_endpoints"]
+                .as_array_mut()
+                .expect("lb_endpoints")
+            {
+                lb["endpoint"]["address"]["socket_address"] =
+                    serde_json::json!({"address": "127.0.0.1", "port_value": to.port()});
+            }
+        }
+    }
+}
