@@ -24,8 +24,9 @@
 # Environment:
 #   SLUICE_BINARY        a static binary to ship instead of building one
 #                        (deploy/image/binary.sh ARCH builds it)
-#   SLUICE_IMAGE_SOURCE  org.opencontainers.image.source (default: the git
-#                        remote `origin` as an https URL)
+#   SLUICE_IMAGE_SOURCE  org.opencontainers.image.source (default: the
+#                        `repository` of Cargo.toml; a checkout's git remote
+#                        may be a local path, so it is not used)
 #   SOURCE_DATE_EPOCH    the image's creation time (default: HEAD's commit
 #                        time), so that two builds of one commit are equal
 # Missing Debian packages (umoci, skopeo, and the compilers binary.sh needs)
@@ -83,10 +84,7 @@ if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
   SOURCE_DATE_EPOCH="$(git log -1 --format=%ct 2>/dev/null || date +%s)"
 fi
 created="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)"
-source_url="${SLUICE_IMAGE_SOURCE:-$(git remote get-url origin 2>/dev/null || true)}"
-# git@github.com:owner/name.git -> https://github.com/owner/name
-source_url="$(echo "$source_url" | sed -e 's#^git@\([^:]*\):#https://\1/#' -e 's#\.git$##')"
-source_url="${source_url:-https://github.com/sluice-rs/sluice}"
+source_url="${SLUICE_IMAGE_SOURCE:-$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml | head -1)}"
 description="$(sed -n 's/^description = "\(.*\)"$/\1/p' Cargo.toml | head -1)"
 
 # --- the root filesystem, as one layer --------------------------------------
