@@ -11,6 +11,9 @@
 # packages are installed when running as root, and the Rust target is added
 # with rustup.
 #
+# SLUICE_PROFILE picks another cargo profile (tests/run uses the quick
+# `image-check`; releases and the Dockerfile ship `dist`).
+#
 # deploy/image/build.sh calls this unless SLUICE_BINARY names a prebuilt
 # binary; deploy/Dockerfile calls it in its build stage. cargo's target
 # directory is the usual one (CARGO_TARGET_DIR is honoured), so a second
@@ -71,10 +74,11 @@ if command -v rustup >/dev/null 2>&1; then
   fi
 fi
 
-cargo build --profile dist --locked --no-default-features --bin sluice --target "$triple" >&2
+profile="${SLUICE_PROFILE:-dist}"
+cargo build --profile "$profile" --locked --no-default-features --bin sluice --target "$triple" >&2
 
 target_dir="${CARGO_TARGET_DIR:-target}"
-binary="$target_dir/$triple/dist/sluice"
+binary="$target_dir/$triple/$profile/sluice"
 # Static: no program interpreter (dynamic loader) to find at run time.
 if LC_ALL=C readelf -lW "$binary" | grep -q 'INTERP'; then
   say "$binary is dynamically linked; the image needs a static binary."

@@ -24,6 +24,7 @@
 # Environment:
 #   SLUICE_BINARY        a static binary to ship instead of building one
 #                        (deploy/image/binary.sh ARCH builds it)
+#   SLUICE_PROFILE       the cargo profile binary.sh builds (default: dist)
 #   SLUICE_IMAGE_SOURCE  org.opencontainers.image.source (default: the
 #                        `repository` of Cargo.toml; a checkout's git remote
 #                        may be a local path, so it is not used)

@@ -228,14 +228,21 @@ fn the_image_binary_is_a_locked_static_service_only_dist_build() {
     for flag in ["--locked", "--bin sluice", "--no-default-features"] {
         assert!(build.contains(flag), "cargo build without {flag}: {build}");
     }
-    let profile = build
-        .split("--profile ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("cargo build names its profile");
+    // The profile is `dist` unless SLUICE_PROFILE names another (tests/run's
+    // quick `image-check`); releases and the Dockerfile take the default.
     assert!(
-        script.contains(&format!("$triple/{profile}/sluice")),
-        "the binary is taken from target/TRIPLE/{profile}/"
+        build.contains("--profile \"$profile\""),
+        "cargo build takes $profile: {build}"
+    );
+    let profile = script
+        .lines()
+        .find_map(|l| l.strip_prefix("profile=\"${SLUICE_PROFILE:-"))
+        .and_then(|rest| rest.strip_suffix("}\""))
+        .expect("binary.sh sets profile=\"${SLUICE_PROFILE:-NAME}\"");
+    assert_eq!(profile, "dist", "releases ship the dist profile");
+    assert!(
+        script.contains("$triple/$profile/sluice"),
+        "the binary is taken from target/TRIPLE/PROFILE/"
     );
     assert!(
         !build.contains("--features") && !build.contains("--all-features"),
@@ -252,6 +259,16 @@ fn the_image_binary_is_a_locked_static_service_only_dist_build() {
     assert!(
         section.contains("inherits = \"release\"") && section.contains("strip = true"),
         "[profile.{profile}] must be a stripped release build:{section}"
+    );
+    let quick = cargo_section("profile.image-check");
+    assert!(
+        quick.contains("strip = true"),
+        "[profile.image-check] is stripped as the shipped binary is:{quick}"
+    );
+    let run = read(&repo().join("tests/run"));
+    assert!(
+        run.contains("SLUICE_PROFILE=image-check deploy/image/build.sh"),
+        "tests/run checks images built with the quick profile"
     );
 }
 
