@@ -47,8 +47,10 @@
 #   CLIENTS    "connections pipeline" (default "4 8": four connections each
 #              carrying eight decisions at a time, as a service's few
 #              multiplexed connections do under load)
+#   SERVER     the server binary to count (default redis-server; e.g. a
+#              valkey-server, driven by the same redis-cli)
 #
-# Needs redis-server, valgrind, python3.
+# Needs redis-server (or SERVER), redis-cli, valgrind, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,7 +65,8 @@ zipf=()
 scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] || scenarios=(sliding incumbent)
 
-for tool in redis-server redis-cli valgrind callgrind_control python3; do
+server=${SERVER:-redis-server}
+for tool in "$server" redis-cli valgrind callgrind_control python3; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
 
@@ -105,7 +108,7 @@ printf '%-9s %18s %20s  %s\n' scenario instr/decision "commands/decision" "comma
 for scenario in "${scenarios[@]}"; do
   port=$(free_port)
   valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out.%p" \
-    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" \
+    "$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" \
     >"$work/valgrind.log" 2>&1 &
   vpid=$!
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done

@@ -5,6 +5,7 @@
 //! tokio, tonic or Redis client: the stores call into this module with `now` in hand.
 
 pub mod algorithm;
+pub mod batch;
 pub mod clock;
 pub mod key;
 pub mod unit;

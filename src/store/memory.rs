@@ -28,7 +28,8 @@ use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
-use crate::limiter::{Clock, CounterKey, Identity, LimitSpec, Millis, State, Window, admits};
+use crate::limiter::algorithm::FixedWindow;
+use crate::limiter::{Clock, CounterKey, Identity, LimitSpec, Millis, State, Window, batch};
 use crate::telemetry::metrics::MemoryStoreMetrics;
 
 mod shard;
@@ -189,34 +190,46 @@ impl MemoryStore {
         (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
     }
 
-    /// Checks and applies `batch` at `now` in one critical section.
+    /// Checks and applies `batch` at `now` in one critical section: the
+    /// counters' states are taken out of their locked shards, evaluated by
+    /// [`batch::evaluate`] (the decision the Redis script mirrors) and put
+    /// back.
     pub fn apply_at(&self, batch: &Batch, now: Millis) -> BatchOutcome {
-        let counters: Vec<(CounterKey, usize)> = batch
-            .items
-            .iter()
-            .flat_map(|item| {
-                item.limits.iter().map(|l| CounterKey {
-                    identity: item.identity.clone(),
-                    window: l.window,
-                })
-            })
-            .map(|key| {
-                let shard = self.shard_of(&key);
-                (key, shard)
-            })
-            .collect();
-        let mut locked = self.lock(&counters);
-        let (checked, admitted) = check(batch, &counters, &mut locked, now);
-        let limits = self.count(batch, &counters, &mut locked, &checked, admitted, now);
+        let plan = Plan::new(self, batch);
+        let mut locked = self.lock(&plan.counters);
+        let (found, mut states) = locked.take(&plan.counters);
+        let evaluation = batch::evaluate(&plan.items, &plan.limits, &mut states, now);
+        let admitted = evaluation.applied;
+        self.store(&plan, &mut locked, &found, states, &evaluation.limits, now);
         // Counting may have grown a sliding window or log past the shard's
         // share of the bytes: make room, keeping this request's counters.
         if batch.items.iter().any(|item| item.counted(admitted)) {
             for shard in &mut locked.guards {
                 while shard.bytes > self.per_shard_bytes
-                    && shard.evict_one(&counters, now, self, Cap::Bytes)
+                    && shard.evict_one(&plan.counters, now, self, Cap::Bytes)
                 {}
             }
         }
+        let limits = evaluation
+            .limits
+            .iter()
+            .zip(&plan.limits)
+            .map(|(report, limit)| {
+                let item = &batch.items[limit.item];
+                let used = if item.refund {
+                    report.used
+                } else {
+                    let counted = item.reports_counted(admitted);
+                    counted_used(counted, report.used, report.pending, item.hits)
+                };
+                LimitOutcome {
+                    used,
+                    over: report.over,
+                    reset_ms: report.reset_ms,
+                    full_for_ms: report.full_for_ms,
+                }
+            })
+            .collect();
         BatchOutcome { admitted, limits }
     }
 
@@ -229,72 +242,118 @@ impl MemoryStore {
         Locked { order, guards }
     }
 
-    /// Pass 2, in two phases (request order within each, as decide.lua
-    /// counts): the debits that stand whatever the request decides
-    /// (always-counted ones) and the refunds, then the debits counted only
-    /// with an admitted request, everything or nothing.
-    fn count(
+    /// Puts the evaluated states back: the counters that were there at their
+    /// place (their bytes and limit updated when counted or refunded), then
+    /// the new ones that were counted, in the order they were first counted
+    /// (making room first when their shard holds its share of counters). A
+    /// counter that was not there and was only checked or refunded stays out.
+    fn store(
         &self,
-        batch: &Batch,
-        counters: &[(CounterKey, usize)],
+        plan: &Plan,
         locked: &mut Locked<'_>,
-        checked: &[(u64, u64, bool)],
-        admitted: bool,
+        found: &[Option<usize>],
+        states: Vec<State>,
+        reports: &[batch::Report],
         now: Millis,
-    ) -> Vec<LimitOutcome> {
-        let mut limits = vec![
-            LimitOutcome {
-                used: 0,
-                over: false,
-                reset_ms: 0,
-                full_for_ms: 0,
-            };
-            counters.len()
-        ];
-        for phase in [true, false] {
-            let mut index = 0;
-            for item in &batch.items {
-                if item.stands() != phase {
-                    index += item.limits.len();
-                    continue;
+    ) {
+        // Per counter: whether refunded or counted, and the `requests` of the
+        // limit it was last counted for (what eviction measures it against).
+        let mut touched: Vec<(bool, Option<u64>)> = vec![(false, None); states.len()];
+        let order = batch::counting_order(&plan.items, &plan.limits);
+        for j in order {
+            let limit = &plan.limits[j];
+            let touch = &mut touched[limit.counter];
+            if reports[j].counted {
+                *touch = (true, Some(limit.spec.requests));
+            } else if plan.items[limit.item].refund {
+                touch.0 = true;
+            }
+        }
+        let mut fresh: Vec<Option<State>> = Vec::new();
+        for (c, state) in states.into_iter().enumerate() {
+            let (key, shard) = &plan.counters[c];
+            match found[c] {
+                Some(index) => {
+                    let (refunded_or_counted, requests) = touched[c];
+                    locked
+                        .shard(*shard)
+                        .put_back(index, key, state, refunded_or_counted, requests);
                 }
-                for limit in &item.limits {
-                    let (key, shard) = &counters[index];
-                    let shard = locked.shard(*shard);
-                    let (before, pending, over) = checked[index];
-                    let counted = item.counted(admitted);
-                    let mut refunded = None;
-                    let (reset_ms, full_for_ms) = if counted {
-                        shard.count(key, limit, item.hits, counters, now, self)
-                    } else if item.refund {
-                        let (used, reset, full) = shard.refund(key, limit, item.hits, now);
-                        refunded = Some(used);
-                        (reset, full)
-                    } else {
-                        let fresh;
-                        let state = match shard.counters.get(key) {
-                            Some(counter) => &counter.state,
-                            None => {
-                                fresh = State::new(limit);
-                                &fresh
-                            }
-                        };
-                        (state.reset_ms(limit, now), state.full_for(limit, now))
-                    };
-                    let used = refunded.unwrap_or_else(|| {
-                        counted_used(item.reports_counted(admitted), before, pending, item.hits)
-                    });
-                    limits[index] = LimitOutcome {
-                        used,
-                        over,
-                        reset_ms,
-                        full_for_ms,
-                    };
-                    index += 1;
+                None => {
+                    if fresh.is_empty() {
+                        fresh.resize_with(plan.counters.len(), || None);
+                    }
+                    fresh[c] = Some(state);
                 }
             }
         }
-        limits
+        if fresh.is_empty() {
+            return;
+        }
+        for j in batch::counting_order(&plan.items, &plan.limits) {
+            let c = plan.limits[j].counter;
+            if !reports[j].counted {
+                continue;
+            }
+            if let (Some(state), (_, Some(requests))) = (fresh[c].take(), touched[c]) {
+                let (key, shard) = &plan.counters[c];
+                let shard = locked.shard(*shard);
+                shard.insert(key, state, requests, &plan.counters, now, self);
+            }
+        }
+    }
+}
+
+/// One batch as [`batch::evaluate`] takes it, with the counters it names.
+struct Plan {
+    items: Vec<batch::Item>,
+    limits: Vec<batch::Limit>,
+    /// The distinct counters, with their shard, in the order they are first
+    /// named (a counter named twice is one state: the script's plan of its
+    /// reads).
+    counters: Vec<(CounterKey, usize)>,
+}
+
+impl Plan {
+    fn new(store: &MemoryStore, batch: &Batch) -> Self {
+        let items = batch
+            .items
+            .iter()
+            .map(|item| batch::Item {
+                hits: item.hits,
+                role: item.role,
+                counting: item.counting,
+                refund: item.refund,
+            })
+            .collect();
+        let mut limits = Vec::with_capacity(batch.items.iter().map(|i| i.limits.len()).sum());
+        let mut counters: Vec<(CounterKey, usize)> = Vec::with_capacity(limits.capacity());
+        for (i, item) in batch.items.iter().enumerate() {
+            for spec in &item.limits {
+                let named = |(key, _): &(CounterKey, usize)| {
+                    key.window == spec.window && key.identity == item.identity
+                };
+                let counter = counters.iter().position(named).unwrap_or_else(|| {
+                    let key = CounterKey {
+                        identity: item.identity.clone(),
+                        window: spec.window,
+                    };
+                    let shard = store.shard_of(&key);
+                    counters.push((key, shard));
+                    counters.len() - 1
+                });
+                limits.push(batch::Limit {
+                    item: i,
+                    counter,
+                    spec: *spec,
+                });
+            }
+        }
+        Self {
+            items,
+            limits,
+            counters,
+        }
     }
 }
 
@@ -315,75 +374,34 @@ impl Locked<'_> {
             .expect("every counter's shard is locked");
         &mut self.guards[i]
     }
-}
 
-/// Pass 1: checks every limit as if every earlier limit of this request had
-/// been counted (a request may name one counter twice). Per limit: the use
-/// before, the hits pending from earlier limits, and whether it is over;
-/// then whether the request is admitted.
-fn check(
-    batch: &Batch,
-    counters: &[(CounterKey, usize)],
-    locked: &mut Locked<'_>,
-    now: Millis,
-) -> (Vec<(u64, u64, bool)>, bool) {
-    let mut checked: Vec<(u64, u64, bool)> = Vec::with_capacity(counters.len());
-    let mut verdicts = Vec::with_capacity(batch.items.len());
-    let mut index = 0;
-    for item in &batch.items {
-        let mut item_over = false;
-        for limit in &item.limits {
-            let (key, shard) = &counters[index];
-            let shard = locked.shard(*shard);
-            let pending: u64 = batch_hits_before(batch, counters, index, key);
-            // Saturated, a sum past u64 fits no limit: never wrapped. A
-            // refund always fits (it only gives back).
-            let wanted = if item.refund {
-                0
-            } else {
-                pending.saturating_add(item.hits)
-            };
-            let (used, fits) = match shard.counters.get_mut(key) {
-                Some(counter) => {
-                    let used = counter.state.used(limit, now);
-                    (used, counter.state.fits(limit, now, used, wanted))
-                }
-                None => (0, State::new(limit).fits(limit, now, 0, wanted)),
-            };
-            // A refund only gives back: never over.
-            let over = !fits && !item.refund;
-            item_over |= over;
-            checked.push((used, pending, over));
-            index += 1;
-        }
-        if !item.refund {
-            verdicts.push((item.role, item_over));
-        }
+    /// Takes the state of every counter out of its shard (the script's
+    /// read), leaving a placeholder that nothing reads before it is put
+    /// back (eviction never looks at the batch's counters); an absent
+    /// counter reads as empty. Returns where each one was found.
+    fn take(&mut self, counters: &[(CounterKey, usize)]) -> (Vec<Option<usize>>, Vec<State>) {
+        counters
+            .iter()
+            .map(
+                |(key, shard)| match self.shard(*shard).counters.get_full_mut(key) {
+                    Some((index, _, counter)) => {
+                        let placeholder = State::Fixed(FixedWindow::default());
+                        (
+                            Some(index),
+                            std::mem::replace(&mut counter.state, placeholder),
+                        )
+                    }
+                    None => (
+                        None,
+                        State::new(&LimitSpec {
+                            requests: 0,
+                            window: key.window,
+                        }),
+                    ),
+                },
+            )
+            .unzip()
     }
-    (checked, admits(verdicts))
-}
-
-/// Hits that earlier limits of the same batch add to the same counter.
-fn batch_hits_before(
-    batch: &Batch,
-    counters: &[(CounterKey, usize)],
-    index: usize,
-    key: &CounterKey,
-) -> u64 {
-    let mut sum = 0;
-    let mut i = 0;
-    for item in &batch.items {
-        for _ in &item.limits {
-            if i >= index {
-                return sum;
-            }
-            if counters[i].0 == *key && !item.refund {
-                sum = sum.saturating_add(item.hits);
-            }
-            i += 1;
-        }
-    }
-    sum
 }
 
 impl CounterStore for MemoryStore {

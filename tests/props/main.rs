@@ -11,4 +11,5 @@
 mod support;
 
 mod algorithms;
+mod batch;
 mod store_conformance;

