@@ -18,6 +18,12 @@
 //! | *Pass 2*, two phases in request order: what stands whatever the request decides (refunds, always-counted debits), then the debits of an admitted request; each limit reports after its turn | [`count`], in [`counting_order`] |
 //! | *Write* (and a sliding log's *save*) | the caller stores `states` back |
 //!
+//! The driver's single path (one key, one limit) takes the same steps
+//! without its records. Redis's own: a Cluster part's admission (the quota
+//! rule left to the caller, who sees every part), the weights a coalesced
+//! call carries after its limit, and the slot each write reports for
+//! refund.lua.
+//!
 //! Pure: no IO, no clock, no allocation beyond the reports; time is the
 //! `now` argument. The memory store runs it inside its one critical section;
 //! `tests/props/batch.rs` holds it to a naive model and to the algorithms.
