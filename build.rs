@@ -12,7 +12,12 @@
 //!
 //! It also assembles the Redis store's decision script, `decide.lua` in
 //! `OUT_DIR`, from its parts in `src/store/redis/decide/` (one file per
-//! algorithm and the driver; `prelude.lua` says why and in what order).
+//! algorithm and the driver; `prelude.lua` says why and in what order), and
+//! `refund.lua` from `src/store/redis/refund.lua` and the same parts; the
+//! records the scripts name are numbered by `build/lua.rs`.
+
+#[path = "build/lua.rs"]
+mod lua;
 
 use std::{env, fs, path::PathBuf};
 
@@ -52,7 +57,51 @@ fn assemble_decide(out_dir: &std::path::Path) -> std::io::Result<()> {
         script.push_str(&fs::read_to_string(&path)?);
         script.push('\n');
     }
-    fs::write(out_dir.join("decide.lua"), script)
+    write_lua(out_dir, "decide.lua", &script)
+}
+
+/// The algorithms' parts of decide.lua, which refund.lua shares.
+const ALGORITHM_PARTS: &[&str] = &[
+    "sliding_window",
+    "fixed_window",
+    "token_bucket",
+    "sliding_log",
+];
+
+/// refund.lua: `src/store/redis/refund.lua` with its marker lines replaced by
+/// decide.lua's prelude and by its algorithms' parts (their 'undo').
+fn assemble_refund(out_dir: &std::path::Path) -> std::io::Result<()> {
+    println!("cargo:rerun-if-changed=src/store/redis/refund.lua");
+    let part = |name: &str| -> std::io::Result<String> {
+        let path = format!("src/store/redis/decide/{name}.lua");
+        Ok(format!("-- {path}\n{}\n", fs::read_to_string(&path)?))
+    };
+    let mut algorithms = String::new();
+    for name in ALGORITHM_PARTS {
+        assert!(
+            DECIDE_PARTS.contains(name),
+            "{name} is not a part of decide.lua"
+        );
+        algorithms.push_str(&part(name)?);
+    }
+    let source = fs::read_to_string("src/store/redis/refund.lua")?;
+    let mut script = String::from("-- src/store/redis/refund.lua\n");
+    for line in source.split_inclusive('\n') {
+        match line.trim_end() {
+            "-- @@ prelude @@" => script.push_str(&part("prelude")?),
+            "-- @@ algorithms @@" => script.push_str(&algorithms),
+            _ => script.push_str(line),
+        }
+    }
+    write_lua(out_dir, "refund.lua", &script)
+}
+
+/// Writes a script with its records' names numbered (build/lua.rs), or
+/// fails the build saying which name is wrong.
+fn write_lua(out_dir: &std::path::Path, name: &str, script: &str) -> std::io::Result<()> {
+    let expanded =
+        lua::expand(script).map_err(|e| std::io::Error::other(format!("{name}: {e}")))?;
+    fs::write(out_dir.join(name), expanded)
 }
 
 /// Runs `program args` and returns its first line of output, if it ran.
@@ -99,6 +148,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     build_info();
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     assemble_decide(&out_dir)?;
+    assemble_refund(&out_dir)?;
 
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler.include_imports(true).include_source_info(false);

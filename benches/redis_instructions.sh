@@ -34,6 +34,10 @@
 #              decisions that one connection has in flight (CLIENTS'
 #              pipeline) in one call, whatever their identities; a
 #              prototype the store does not run
+#   function   benches/decide_function_prototype.py: the sliding window's
+#              decide.lua as a Redis Functions library (FCALL), so that the
+#              algorithms' functions are built once rather than on every
+#              call; a prototype the store does not run
 #   incumbent  envoyproxy/ratelimit's per-descriptor pattern: INCRBY key 1
 #              and EXPIRE key 3600, pipelined together
 #   (default: sliding incumbent)
@@ -44,13 +48,16 @@
 #   WARMUP     decisions before counting (default 120000)
 #   CALLS      decisions counted (default 10000)
 #   RATE       simulated decisions per second (default 27500)
+#   PROFILES   a directory to keep callgrind's files and the scripts in
+#              (callgrind_annotate --inclusive=yes FILE shows where the
+#              instructions went); by default they are removed
 #   CLIENTS    "connections pipeline" (default "4 8": four connections each
 #              carrying eight decisions at a time, as a service's few
 #              multiplexed connections do under load)
 #   SERVER     the server binary to count (default redis-server; e.g. a
 #              valkey-server, driven by the same redis-cli)
 #
-# Needs redis-server (or SERVER), redis-cli, valgrind, python3.
+# Needs redis-server (or SERVER), redis-cli, valgrind, python3, rustc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,7 +73,7 @@ scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] || scenarios=(sliding incumbent)
 
 server=${SERVER:-redis-server}
-for tool in "$server" redis-cli valgrind callgrind_control python3; do
+for tool in "$server" redis-cli valgrind callgrind_control python3 rustc; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
 
@@ -74,17 +81,23 @@ work=$(mktemp -d)
 vpid=
 cleanup() {
   [ -n "$vpid" ] && kill "$vpid" 2>/dev/null && wait "$vpid" 2>/dev/null
+  if [ -n "${PROFILES:-}" ]; then
+    mkdir -p "$PROFILES" && cp "$work"/callgrind.out.* "$work"/*.lua "$PROFILES"/ 2>/dev/null || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-# decide.lua as build.rs assembles it: the parts in DECIDE_PARTS's order.
+# decide.lua as build.rs assembles it: the parts in DECIDE_PARTS's order,
+# their records' names numbered by build/lua.rs (built here as a filter; a
+# script without names goes through unchanged).
+rustc --edition 2024 -O build/lua_filter.rs -o "$work/lua_filter"
 parts=$(sed -n '/^const DECIDE_PARTS/,/\];/p' build.rs | grep -o '"[a-z_]*"' | tr -d '"')
 for part in $parts; do
   printf -- '-- src/store/redis/decide/%s.lua\n' "$part"
   cat "$decide/$part.lua"
   echo
-done >"$work/decide.lua"
+done | "$work/lua_filter" >"$work/decide.lua"
 # The batch prototype: prelude.lua, then the prototype with sliding_window.lua
 # where its marker is.
 {
@@ -92,7 +105,7 @@ done >"$work/decide.lua"
   echo
   sed -e "/^-- @@ sliding_window @@\$/r $decide/sliding_window.lua" -e '/^-- @@ sliding_window @@$/d' \
     benches/decide_batch_prototype.lua
-} >"$work/batch.lua"
+} | "$work/lua_filter" >"$work/batch.lua"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -115,6 +128,11 @@ for scenario in "${scenarios[@]}"; do
   case "$scenario" in
     sliding | fixed) pattern=("$scenario" "$(redis-cli -p "$port" script load "$(cat "$work/decide.lua")")") ;;
     batch) pattern=(batch "$(redis-cli -p "$port" script load "$(cat "$work/batch.lua")")") ;;
+    function)
+      # The Functions prototype: decide.lua as a library.
+      python3 benches/decide_function_prototype.py <"$work/decide.lua" >"$work/function.lua"
+      pattern=(function "$(redis-cli -p "$port" function load "$(cat "$work/function.lua")")")
+      ;;
     incumbent) pattern=(incumbent) ;;
     *) echo "unknown scenario $scenario" >&2; exit 1 ;;
   esac
@@ -138,9 +156,9 @@ scenario, total, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 inner, top = {}, 0
 for m in re.finditer(r'cmdstat_(\w+):calls=(\d+)', """$stats"""):
     name, n = m[1], int(m[2])
-    if name in ('config', 'info', 'ping', 'shutdown'):
+    if name in ('config', 'info', 'ping', 'shutdown', 'function', 'script'):
         continue
-    if name in ('evalsha', 'eval'):
+    if name in ('evalsha', 'eval', 'fcall'):
         top += n
     else:
         inner[name] = n

@@ -10,6 +10,8 @@ Usage: redis_load.py PORT PATTERN FIRST COUNT [options]
            the arguments the store sends for one descriptor of one limit
            (sliding: 6 s buckets) far from full, `now` passed
            (the store's local time mode; Redis TIME costs one more call)
+           function NAME: the same decision as `sliding` by FCALL of the
+           library benches/decide_function_prototype.py makes
            batch SHA: benches/decide_batch_prototype.lua, each
            connection's PIPELINE decisions in one call (the sliding limit)
            incumbent: envoyproxy/ratelimit's per-descriptor pattern,
@@ -92,6 +94,8 @@ def main():
             limit = (1_000_000_000, 3_600_000, 1, 0)
         if a.pattern[0] == "batch":
             return (key, now, limit), 1
+        if a.pattern[0] == "function":
+            return resp("FCALL", "sluice_decide", 1, key, now, "all", 0, 1, 1, *limit), 1
         return resp("EVALSHA", a.pattern[1], 1, key, now, "all", 0, 1, 1, *limit), 1
 
     conns = [socket.create_connection(("127.0.0.1", a.port)) for _ in range(a.connections)]

@@ -67,7 +67,8 @@ use crate::telemetry::metrics::ReconcileCounters;
 
 /// Assembled by build.rs from `redis/decide/` (see its `prelude.lua`).
 const DECIDE: &str = include_str!(concat!(env!("OUT_DIR"), "/decide.lua"));
-const REFUND: &str = include_str!("redis/refund.lua");
+/// Assembled by build.rs from `redis/refund.lua` and decide.lua's parts.
+const REFUND: &str = include_str!(concat!(env!("OUT_DIR"), "/refund.lua"));
 const RESET: &str = include_str!("redis/reset.lua");
 
 /// Where the scripts take `now` from.

@@ -1,7 +1,8 @@
 //! The Redis store against real `redis-server` processes and Redis Clusters
 //! started by the harness (`support::redis`): the service over Redis, faults
 //! of a single server and of a Cluster, coalescing, the ways to connect (TLS,
-//! unix socket, Sentinel), and the harness itself.
+//! unix socket, Sentinel), the harness itself, and the numbering of the
+//! scripts' records (`lua_build`).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -10,5 +11,8 @@ mod cluster_faults;
 mod coalescing;
 mod connections;
 mod harness;
+/// The scripts' named records (build/lua.rs, which build.rs runs).
+#[path = "../../build/lua.rs"]
+mod lua_build;
 mod service;
 mod store_faults;

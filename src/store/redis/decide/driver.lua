@@ -11,9 +11,9 @@ the loops over them, which cost more than the limit's own arithmetic
 window). Admission and the writes are one code for both paths.
 ]]
 
--- The reply: applied, then per limit from r + 1 (r = (j - 1) * width +
--- 1): used, pending, over, reset, full, slot ("after" values; see
--- prelude.lua), and for a Cluster part reset_before and full_before. Every
+-- The reply: applied, then per limit j at r + R_USED… (r = (j - 1) *
+-- width): used, pending, over, reset, full, slot ("after" values; see
+-- request.lua), and for a Cluster part reset_before and full_before. Every
 -- value costs Redis and the caller's parser.
 local width = whole and 6 or 8
 -- `only` is the single path's key record; `one_*` its item, algorithm,
@@ -25,18 +25,25 @@ if single then
     or code == '2' and token_bucket or sliding_log
   -- The key record as request.lua makes it; the limit record without its
   -- item (no algorithm reads it).
-  only = { KEYS[1], 1, 0, false, 0, 0, 1, 'x', false, false, false, false, false, false, false, false, false }
-  local l = { false, false, ARGV[6] + 0, ARGV[7] + 0, 6 }
+  only = {
+    [K_NAME] = KEYS[1], [K_READS] = 1, [K_WRITES] = 0, [K_DELETES] = false, [K_UNTIL] = 0,
+    [K_STORED] = 0, [K_FIRST] = 1, [K_FIELDS] = 'x',
+    false, false, false, false, false, false, false, false, false,
+  }
+  local l = {
+    [L_ITEM] = false, [L_STATE] = false, [L_REQUESTS] = ARGV[6] + 0, [L_DURATION] = ARGV[7] + 0,
+    [L_ARG] = 6,
+  }
   local st = alg('new', only, l, alg('prefix', ARGV[7], ARGV[9]))
 
   -- Read and pass 1: nothing is pending on the counter.
-  local v = call('HMGET', KEYS[1], unpack(only, 8, 7 + only[2]))
-  only[6] = v[1]
+  local v = call('HMGET', KEYS[1], unpack(only, K_FIELDS, K_FIELDS - 1 + only[K_READS]))
+  only[K_STORED] = v[1]
   local loaded = alg('load', st, nil, v)
   local used, over = loaded or alg('used', st, l), false
   if role ~= '3' then -- a refund only gives back
     if loaded then
-      over = used + hits > l[3]
+      over = used + hits > l[L_REQUESTS]
     else
       over = not alg('fits', st, l, hits)
     end
@@ -49,37 +56,37 @@ else
   -- by two limits with one window, is one state).
   for j = 1, nl do
     local l = limits[j]
-    local arg, k = l[5], l[1][1]
+    local arg, k = l[L_ARG], l[L_ITEM][I_KEY]
     local code = ARGV[arg + 2]
     local alg = code == '0' and sliding_window or code == '1' and fixed_window
       or code == '2' and token_bucket or sliding_log
     local f = alg('prefix', ARGV[arg + 1], ARGV[arg + 3])
     local st
     for i = 1, j - 1 do
-      local other = limits[i][2]
-      if other[2] == k and other[7] == f then
+      local other = limits[i][L_STATE]
+      if other[S_KEY] == k and other[S_PREFIX] == f then
         st = other
         break
       end
     end
     if not st then
       st = alg('new', k, l, f)
-      st[6] = j
+      st[S_FIRST] = j
     end
-    l[2] = st
+    l[L_STATE] = st
   end
 
   -- Read: one HMGET per key; then every state takes its values and is
   -- brought to now.
   for i = 1, #KEYS do
-    local k = items[i][1]
-    if k[7] == i and k[2] > 1 then
-      local v = call('HMGET', k[1], unpack(k, 8, 7 + k[2]))
-      k[6] = v[1] -- parsed only if some counter needs the HASH to live longer
+    local k = items[i][I_KEY]
+    if k[K_FIRST] == i and k[K_READS] > 1 then
+      local v = call('HMGET', k[K_NAME], unpack(k, K_FIELDS, K_FIELDS - 1 + k[K_READS]))
+      k[K_STORED] = v[1] -- parsed only if some counter needs the HASH to live longer
       for j = 1, nl do
-        local st = limits[j][2]
-        if st[6] == j and st[2] == k then
-          st[4] = st[1]('load', st, nil, v)
+        local st = limits[j][L_STATE]
+        if st[S_FIRST] == j and st[S_KEY] == k then
+          st[S_USED] = st[S_ALG]('load', st, nil, v)
         end
       end
     end
@@ -93,21 +100,21 @@ else
     reply[j] = 0 -- in order, so that the reply stays one array
   end
   for j = 1, nl do
-    local l, r = limits[j], (j - 1) * width + 1
-    local st, item = l[2], l[1]
-    local used, over = st[4] or st[1]('used', st, l), false
-    reply[r + 1], reply[r + 2] = used, st[5]
-    if item[2] ~= '3' then -- a refund only gives back
-      local hits = st[5] + item[3]
-      if st[4] then
-        over = used + hits > l[3]
+    local l, r = limits[j], (j - 1) * width
+    local st, item = l[L_STATE], l[L_ITEM]
+    local used, over = st[S_USED] or st[S_ALG]('used', st, l), false
+    reply[r + R_USED], reply[r + R_PENDING] = used, st[S_PENDING]
+    if item[I_ROLE] ~= '3' then -- a refund only gives back
+      local hits = st[S_PENDING] + item[I_HITS]
+      if st[S_USED] then
+        over = used + hits > l[L_REQUESTS]
       else
-        over = not st[1]('fits', st, l, hits)
+        over = not st[S_ALG]('fits', st, l, hits)
       end
-      st[5] = hits
-      item[4] = item[4] or over
+      st[S_PENDING] = hits
+      item[I_OVER] = item[I_OVER] or over
     end
-    reply[r + 3] = over and 1 or 0
+    reply[r + R_OVER] = over and 1 or 0
   end
 end
 
@@ -119,7 +126,7 @@ local enforce_over, quota_seen, quota_all_over = false, false, true
 for i = 1, #KEYS do
   local role, over = one_role, one_over
   if not single then
-    role, over = items[i][2], items[i][4]
+    role, over = items[i][I_ROLE], items[i][I_OVER]
   end
   if role == '0' or role == '4' then
     enforce_over = enforce_over or over
@@ -146,7 +153,10 @@ if single then
   elseif applied or role >= '4' then
     counted = hits
   end
-  reply = { applied and 1 or 0, used, 0, over and 1 or 0, 0, 0, -1 }
+  reply = {
+    [R_APPLIED] = applied and 1 or 0, [R_USED] = used, [R_PENDING] = 0,
+    [R_OVER] = over and 1 or 0, [R_RESET] = 0, [R_FULL] = 0, [R_SLOT] = -1,
+  }
   -- Coalesced requests (a whole call's ARGV from 10; see prelude.lua): each
   -- decided in turn, as if every earlier admitted one were counted (an
   -- enforcing request alone is admitted exactly when it fits), and all
@@ -155,32 +165,32 @@ if single then
     local h = ARGV[i] + 0
     local fits
     if one_loaded then
-      fits = used + counted + h <= l[3]
+      fits = used + counted + h <= l[L_REQUESTS]
     else
       fits = alg('fits', st, l, counted + h)
     end
     if fits then
       counted = counted + h
     end
-    reply[i - 2] = fits and 0 or 1
+    reply[R_SLOT - 9 + i] = fits and 0 or 1 -- ARGV[10]'s after R_SLOT
   end
   if counted > 0 then
     local until_ms
     slot, until_ms = alg('add', st, l, counted)
-    if until_ms > only[5] then
-      only[5] = until_ms
+    if until_ms > only[K_UNTIL] then
+      only[K_UNTIL] = until_ms
     end
   end
   local reset, full = alg('report', st, l)
-  reply[5], reply[6], reply[7] = reset, full, slot
+  reply[R_RESET], reply[R_FULL], reply[R_SLOT] = reset, full, slot
   if not whole then
-    reply[8], reply[9] = reset_before or reset, full_before or full
+    reply[R_RESET_BEFORE], reply[R_FULL_BEFORE] = reset_before or reset, full_before or full
   end
-  if alg == sliding_log and st[14] then
+  if alg == sliding_log and st[SL_DIRTY] then
     sliding_log('save', st)
   end
 else
-  reply[1] = applied and 1 or 0
+  reply[R_APPLIED] = applied and 1 or 0
   -- Pass 2: count everything, or nothing, and report. Two phases, in request
   -- order within each: first what stands whatever the request decides (refunds
   -- and always-counted debits: role codes 3 and up), then the debits counted
@@ -189,20 +199,20 @@ else
   for phase = 1, 2 do
     for j = 1, nl do
       local l = limits[j]
-      local st, item = l[2], l[1]
-      if (phase == 1) == (item[2] >= '3') then
-        local slot, hits, r = -1, item[3], (j - 1) * width + 1
-        if item[2] == '3' then
-          reply[r + 1], reply[r + 2] = st[1]('give', st, l, hits), 0
-        elseif hits > 0 and (applied or item[2] >= '4') then
+      local st, item = l[L_STATE], l[L_ITEM]
+      if (phase == 1) == (item[I_ROLE] >= '3') then
+        local slot, hits, r = -1, item[I_HITS], (j - 1) * width
+        if item[I_ROLE] == '3' then
+          reply[r + R_USED], reply[r + R_PENDING] = st[S_ALG]('give', st, l, hits), 0
+        elseif hits > 0 and (applied or item[I_ROLE] >= '4') then
           local until_ms
-          slot, until_ms = st[1]('add', st, l, hits)
-          if until_ms > st[2][5] then
-            st[2][5] = until_ms
+          slot, until_ms = st[S_ALG]('add', st, l, hits)
+          if until_ms > st[S_KEY][K_UNTIL] then
+            st[S_KEY][K_UNTIL] = until_ms
           end
         end
-        reply[r + 4], reply[r + 5] = st[1]('report', st, l)
-        reply[r + 6] = slot
+        reply[r + R_RESET], reply[r + R_FULL] = st[S_ALG]('report', st, l)
+        reply[r + R_SLOT] = slot
       end
     end
     -- "Before" values matter only for a Cluster part that may be refunded (it
@@ -210,11 +220,11 @@ else
     -- only.
     if phase == 1 and not whole then
       for j = 1, nl do
-        local l, r = limits[j], (j - 1) * width + 1
-        if l[1][2] >= '3' then
-          reply[r + 7], reply[r + 8] = reply[r + 4], reply[r + 5]
+        local l, r = limits[j], (j - 1) * width
+        if l[L_ITEM][I_ROLE] >= '3' then
+          reply[r + R_RESET_BEFORE], reply[r + R_FULL_BEFORE] = reply[r + R_RESET], reply[r + R_FULL]
         else
-          reply[r + 7], reply[r + 8] = l[2][1]('report', l[2], l)
+          reply[r + R_RESET_BEFORE], reply[r + R_FULL_BEFORE] = l[L_STATE][S_ALG]('report', l[L_STATE], l)
         end
       end
     end
@@ -222,8 +232,8 @@ else
 
   -- What a state kept back until every operation was done (a sliding log).
   for j = 1, nl do
-    local st = limits[j][2]
-    if st[6] == j and st[1] == sliding_log and st[14] then
+    local st = limits[j][L_STATE]
+    if st[S_FIRST] == j and st[S_ALG] == sliding_log and st[SL_DIRTY] then
       sliding_log('save', st)
     end
   end
@@ -231,35 +241,35 @@ end
 
 -- Write: at most one HDEL, one HSET and one PEXPIRE(AT) per key.
 for i = 1, #KEYS do
-  local k = single and only or items[i][1]
-  if k[7] == i then -- once per key
-    if k[4] then
-      call('HDEL', k[1], unpack(k[4]))
+  local k = single and only or items[i][I_KEY]
+  if k[K_FIRST] == i then -- once per key
+    if k[K_DELETES] then
+      call('HDEL', k[K_NAME], unpack(k[K_DELETES]))
     end
-    -- The HASH must live until k[5] and one second more (which covers
+    -- The HASH must live until K_UNTIL and one second more (which covers
     -- clock differences between replicas in "local" time mode); "x" says
     -- until when it does. When that must move, it moves half as far again
     -- (the same for every shape), so that a counter that keeps getting hits
     -- moves it about once per half window rather than with every new
     -- bucket (a PEXPIRE costs as much as an HSET): an idle HASH lives at
     -- most half its longest window longer than it must.
-    local extend = k[5] > 0 and k[5] + 1000 > (k[6] or 0) + 0
+    local extend = k[K_UNTIL] > 0 and k[K_UNTIL] + 1000 > (k[K_STORED] or 0) + 0
     local at, xs
     if extend then
-      at = k[5] + 1000 + floor((k[5] - now) / 2)
+      at = k[K_UNTIL] + 1000 + floor((k[K_UNTIL] - now) / 2)
       xs = fmt('%d', at)
       write(k, 'x', xs)
     end
     -- HSET first: PEXPIRE on a key that does not exist yet does nothing.
-    if k[3] > 0 then
-      call('HSET', k[1], unpack(k, 8 + k[2], 7 + k[2] + k[3]))
+    if k[K_WRITES] > 0 then
+      call('HSET', k[K_NAME], unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
     end
     if extend then
       if ARGV[1] == '' then
         -- Redis's clock is the script's: the time "x" holds is the expiry.
-        call('PEXPIREAT', k[1], xs)
+        call('PEXPIREAT', k[K_NAME], xs)
       else
-        call('PEXPIRE', k[1], fmt('%d', at - now))
+        call('PEXPIRE', k[K_NAME], fmt('%d', at - now))
       end
     end
   end

@@ -4,58 +4,23 @@ src/limiter/algorithm/*.rs, operation for operation (Lua numbers are IEEE
 doubles like Rust's f64), so the Redis and memory stores agree to the hit.
 
 Assembled at build time (build.rs) from src/store/redis/decide/, in this
-order: prelude.lua (this contract, the clock, the records), request.lua (ARGV parsed: items, limits, which algorithms),
-sliding_window.lua, fixed_window.lua, token_bucket.lua, sliding_log.lua (one
-algorithm each, mirroring src/limiter/algorithm/; concurrency is a sliding
-log there as here), driver.lua (the reads, the check of every limit, the
-admission rule, the counting, the reply, the writes). Each part's own header
-says what it reads and writes. To load it by hand:
-  cat src/store/redis/decide/{prelude,request,sliding_window,fixed_window,token_bucket,sliding_log,driver}.lua
+order: prelude.lua (what decide.lua and refund.lua share: the records, the
+operations of an algorithm, the arithmetic), request.lua (the contract:
+KEYS and ARGV, the reply; the clock; ARGV parsed into items, limits, which
+algorithms), sliding_window.lua, fixed_window.lua, token_bucket.lua,
+sliding_log.lua (one algorithm each, mirroring src/limiter/algorithm/;
+concurrency is a sliding log there as here), driver.lua (the reads, the
+check of every limit, the admission rule, the counting, the reply, the
+writes). Each part's own header says what it reads and writes. refund.lua
+is built from prelude.lua, the same algorithms and its own driver.
 
-KEYS[i]   the HASH of the i-th limited identity of the request.
-
-ARGV[1]   now, in ms since the Unix epoch; "" reads Redis TIME instead, so
-          every replica uses one clock.
-ARGV[2]   "all":  every item of the request is in this call; admission is
-                  decided here (no enforcing item over, and not every quota
-                  item over).
-          "part": Redis Cluster, the request spans several slots; this part
-                  is counted when none of its enforcing items is over, and
-                  the caller decides overall (and refunds what it must).
-Then, per item, in KEYS order: role (0 enforce, 1 shadow, 2 quota; plus 4
-when the item counts always, even when the request or the item is refused;
-3 for a refund, whose hits are given back), hits, number of limits; and per
-limit: requests, duration_ms, algorithm, param:
-  0 sliding_window  param = precision_ms
-  1 fixed_window    param = 0
-  2 token_bucket    param = burst
-  3 sliding_log     param = 0; 1 for concurrency (a log of leased slots,
-                    window = lease, fields "D:c:…")
-A whole call of one enforcing item (role 0) with one limit may carry more
-requests of that key and limit, coalesced by the caller (see
-src/store/redis/coalesce.rs): after the limit, one weight per request.
-Each is decided in turn after the first, as if every earlier admitted one
-were counted, which is what separate calls in that order would decide.
-
-Reply: { applied (1|0), then per limit:
-                  used, pending, over, reset, full, slot
-          and, for "part" only, reset_before, full_before }
-  used     how much of the limit is in use before this request (after it,
-           for a refund, whose pending is then 0)
-  pending  hits of earlier limits of this request on the same counter
-  over     1 if this limit's hits (with the pending ones) do not fit
-  reset    ms until headroom next grows, after this request
-  full     ms from now during which no hit at all can fit (0 if one can),
-           after this request: what a local cache may answer without
-           asking Redis
-  slot     where the hits went (bucket, window, or log time; -1 if none),
-           for refund.lua
-  *_before the same two before this request: the caller of a refunded
-           part reports them. A whole request is never refunded, so its
-           reply leaves them out (every value costs Redis and the caller).
-        then, per coalesced request, 1 if it was over (not admitted), 0 if
-        it was counted; the first request's reset, full and slot are those
-        after all of them (what is stored when the reply leaves).
+Records are named in the source (`st[S_KEY]`, `{ [S_ALG] = f, … }`, each
+layout declared once in a `layout` comment) and numbered by build.rs
+(build/lua.rs), so the script Redis runs indexes arrays by number; a
+generated script shows every layout with its numbers. To see it, build and
+read decide.lua in the build's OUT_DIR, or:
+  rustc --edition 2024 build/lua_filter.rs -o /tmp/lua &&
+    cat src/store/redis/decide/{prelude,request,sliding_window,fixed_window,token_bucket,sliding_log,driver}.lua | /tmp/lua
 
 Fields of a HASH: each algorithm's file lists its own, under a prefix
 "D:…:" (D = duration_ms) that keeps every counter of the identity apart, and
@@ -96,23 +61,50 @@ local call, fmt = redis.call, string.format
 -- pass is not counted, so every number here stays an exact double.
 local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 
--- Records are arrays, their slots listed where each is made: a table's
--- hash part costs about three times its array part to fill and to collect,
--- and the records are made anew on every call.
---   key    { name, #fields, #writes, deletes (or false), expiry wanted
---            (ms), expiry stored ("x", as read), first item, then the
---            field names its HMGET reads (from 8), then the field, value
---            pairs its HSET writes (after the names: every name is planned
---            before anything is written) }
---   item   { key record, role code (ARGV, one digit), hits, over }
---   limit  { item, state, requests, duration_ms, where it starts in ARGV }
---          (the driver's single path makes no item, and its one limit has
---          neither item nor state: only the driver reads those)
---   state  { algorithm, key record, where its fields start in the key's
---            HMGET, used, pending, first limit on it, field prefix, then
---            the algorithm's own slots (from 8; see its file) }
--- `used` is what 'load' answered; `pending` the hits of the request's
--- earlier limits on the same counter.
+-- Records are arrays (a table's hash part costs about three times its
+-- array part to fill and to collect, and the records are made anew on
+-- every call), their slots named here and numbered by build.rs.
+
+--[[ layout key: one per distinct HASH of the request
+  K_NAME      the key
+  K_READS     how many field names its HMGET reads (from K_FIELDS)
+  K_WRITES    how many values its HSET writes (field, value, …: after the
+              names; every name is planned before anything is written)
+  K_DELETES   the fields its HDEL deletes (a table), or false
+  K_UNTIL     until when the HASH must live (ms), 0 if that has not moved
+  K_STORED    until when it lives ("x", as read)
+  K_FIRST     the first item on it (its HMGET and writes run once, there)
+  K_FIELDS    the first field name it reads: "x"; the others follow
+]]
+
+--[[ layout item: one per KEYS entry
+  I_KEY       its key record
+  I_ROLE      its role code (ARGV, one digit, compared as a string)
+  I_HITS      its hits
+  I_OVER      whether one of its limits does not fit
+]]
+
+--[[ layout limit: one per limit of an item (the driver's single path makes
+  one with neither item nor state: only the driver reads those)
+  L_ITEM      its item
+  L_STATE     the state it is counted on
+  L_REQUESTS  its requests
+  L_DURATION  its duration (ms)
+  L_ARG       where it starts in ARGV (its requests)
+]]
+
+--[[ layout state: one per distinct key and field prefix; each algorithm's
+  own slots follow (see its file)
+  S_ALG       the algorithm's function
+  S_KEY       the key record
+  S_AT        how many names of the key's HMGET come before its own (its
+              first is at S_AT + 1 in the HMGET's reply, at K_FIELDS + S_AT
+              in the key record)
+  S_USED      what 'load' answered
+  S_PENDING   the hits of the request's earlier limits on the same counter
+  S_FIRST     the first limit counted on it
+  S_PREFIX    its fields' prefix
+]]
 
 -- What an algorithm's function is asked: alg(op, st, l, x), where `st` is
 -- a state (one per distinct key and field prefix), `l` one limit of the
@@ -121,9 +113,8 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 --   'prefix' st = duration, l = param (both as ARGV has them): the prefix of
 --           the counter's fields
 --   'new'   st = key record, l = the first limit counted on it, x = prefix:
---           a new state whose fields are appended to the key's HMGET (its
---           slot 3: where they start in that HMGET's reply; the names are at
---           7 + that in the key record)
+--           a new state whose fields are appended to the key's HMGET
+--           (S_AT: how many names come before them)
 --   'load'  x = that HMGET's reply: the state as stored, brought to `now`
 --           (what left the window forgotten); returns what is in use, or
 --           nil when that depends on the limit
@@ -137,19 +128,26 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 --   'report' ms until headroom next grows, and ms during which no hit can
 --           fit (exact or shorter)
 --   'save'  writes what was kept back until every operation was done
-
-local now
-if ARGV[1] == '' then
-  local t = call('TIME')
-  now = t[1] * 1000 + floor(t[2] / 1000)
-else
-  now = ARGV[1] + 0
-end
-local whole = ARGV[2] == 'all'
+--   'undo'  refund.lua's: st = the key's name, l = the limit's place in
+--           refund.lua's ARGV, x = prefix: takes back the hits decide.lua
+--           counted in the slot it answered, as if they had never been
+--           counted; returns 1 if there was something to take back, else 0
 
 -- Queues `field = value` for the key's one HSET (values already strings).
 local function write(k, field, value)
-  local at = 7 + k[2] + k[3]
+  local at = K_FIELDS - 1 + k[K_READS] + k[K_WRITES]
   k[at + 1], k[at + 2] = field, value
-  k[3] = k[3] + 2
+  k[K_WRITES] = k[K_WRITES] + 2
+end
+
+-- Exact floor division of non-negative integers below 2^53: a double
+-- quotient can round up onto the next integer, never down past it.
+local function idiv(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
 end
