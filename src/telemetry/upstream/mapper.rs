@@ -124,72 +124,11 @@ impl Mapper {
             }
             _ => return Err(MapperError("`mappings` must be a list".into())),
         };
-        let mut mappings = Vec::with_capacity(list.len());
-        for (i, m) in list.iter().enumerate() {
-            let at = i + 1;
-            if !matches!(m, Yaml::Hash(_)) {
-                return Err(MapperError(format!("mapping {at}: must be a map")));
-            }
-            let pattern = field_str(m, "match", at)?
-                .filter(|p| !p.is_empty())
-                .ok_or_else(|| MapperError(format!("mapping {at}: `match` is required")))?;
-            let source = match field_str(m, "match_type", at)?.unwrap_or("glob") {
-                "glob" | "" => glob_to_regex(pattern),
-                "regex" => format!("^(?:{pattern})$"),
-                other => {
-                    return Err(MapperError(format!(
-                        "mapping {at}: match_type `{other}` (glob or regex)"
-                    )));
-                }
-            };
-            let re = Regex::new(&source)
-                .map_err(|e| MapperError(format!("mapping {at}: bad match `{pattern}`: {e}")))?;
-            let drop = match field_str(m, "action", at)?.unwrap_or("map") {
-                "map" => false,
-                "drop" => true,
-                other => {
-                    return Err(MapperError(format!(
-                        "mapping {at}: action `{other}` (map or drop)"
-                    )));
-                }
-            };
-            for field in ["timer_type", "observer_type"] {
-                let kind = field_str(m, field, at)?.unwrap_or("");
-                if !matches!(kind, "histogram" | "summary" | "default" | "") {
-                    return Err(MapperError(format!("mapping {at}: {field} `{kind}`")));
-                }
-            }
-            let name = field_str(m, "name", at)?.unwrap_or("").to_string();
-            if !drop && !valid_name(&name) {
-                return Err(MapperError(format!(
-                    "mapping {at}: bad or missing `name` `{name}`"
-                )));
-            }
-            let mut labels = Vec::new();
-            match &m["labels"] {
-                Yaml::BadValue | Yaml::Null => {}
-                Yaml::Hash(h) => {
-                    for (k, v) in h {
-                        let (Some(k), Some(v)) = (k.as_str(), v.as_str()) else {
-                            return Err(MapperError(format!(
-                                "mapping {at}: labels must be strings"
-                            )));
-                        };
-                        if !valid_name(k) || k.contains(['$', '{', '}', ':']) {
-                            return Err(MapperError(format!("mapping {at}: bad label name `{k}`")));
-                        }
-                        labels.push((k.to_string(), v.to_string()));
-                    }
-                }
-                _ => return Err(MapperError(format!("mapping {at}: `labels` must be a map"))),
-            }
-            mappings.push(Mapping {
-                re,
-                name,
-                labels,
-                drop,
-            });
-        }
+        let mappings = list
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Mapping::parse(m, i + 1))
+            .collect::<Result<_, _>>()?;
         Ok(Mapper { mappings })
     }
 
@@ -274,6 +213,72 @@ impl Mapper {
             let _ = writeln!(out, "{name}_count{plain} {count}");
         }
         out
+    }
+}
+
+impl Mapping {
+    /// The `at`-th entry of `mappings` (counted from 1 in errors).
+    fn parse(m: &Yaml, at: usize) -> Result<Self, MapperError> {
+        if !matches!(m, Yaml::Hash(_)) {
+            return Err(MapperError(format!("mapping {at}: must be a map")));
+        }
+        let pattern = field_str(m, "match", at)?
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| MapperError(format!("mapping {at}: `match` is required")))?;
+        let source = match field_str(m, "match_type", at)?.unwrap_or("glob") {
+            "glob" | "" => glob_to_regex(pattern),
+            "regex" => format!("^(?:{pattern})$"),
+            other => {
+                return Err(MapperError(format!(
+                    "mapping {at}: match_type `{other}` (glob or regex)"
+                )));
+            }
+        };
+        let re = Regex::new(&source)
+            .map_err(|e| MapperError(format!("mapping {at}: bad match `{pattern}`: {e}")))?;
+        let drop = match field_str(m, "action", at)?.unwrap_or("map") {
+            "map" => false,
+            "drop" => true,
+            other => {
+                return Err(MapperError(format!(
+                    "mapping {at}: action `{other}` (map or drop)"
+                )));
+            }
+        };
+        for field in ["timer_type", "observer_type"] {
+            let kind = field_str(m, field, at)?.unwrap_or("");
+            if !matches!(kind, "histogram" | "summary" | "default" | "") {
+                return Err(MapperError(format!("mapping {at}: {field} `{kind}`")));
+            }
+        }
+        let name = field_str(m, "name", at)?.unwrap_or("").to_string();
+        if !drop && !valid_name(&name) {
+            return Err(MapperError(format!(
+                "mapping {at}: bad or missing `name` `{name}`"
+            )));
+        }
+        let mut labels = Vec::new();
+        match &m["labels"] {
+            Yaml::BadValue | Yaml::Null => {}
+            Yaml::Hash(h) => {
+                for (k, v) in h {
+                    let (Some(k), Some(v)) = (k.as_str(), v.as_str()) else {
+                        return Err(MapperError(format!("mapping {at}: labels must be strings")));
+                    };
+                    if !valid_name(k) || k.contains(['$', '{', '}', ':']) {
+                        return Err(MapperError(format!("mapping {at}: bad label name `{k}`")));
+                    }
+                    labels.push((k.to_string(), v.to_string()));
+                }
+            }
+            _ => return Err(MapperError(format!("mapping {at}: `labels` must be a map"))),
+        }
+        Ok(Mapping {
+            re,
+            name,
+            labels,
+            drop,
+        })
     }
 }
 
