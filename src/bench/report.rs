@@ -287,35 +287,40 @@ impl Report {
             let _ = writeln!(out, "\n  Redis: no figures ({error})");
         }
         if let Some(redis) = &self.redis {
-            let _ = writeln!(
-                out,
-                "\n  Redis, per decision (INFO deltas over the measured run)"
-            );
-            let _ = writeln!(
-                out,
-                "  commands      {:>12.2}   scripts {:.2}; commands a script calls count too",
-                redis.calls_per_decision, redis.script_calls_per_decision
-            );
-            let _ = writeln!(
-                out,
-                "  server µs     {:>12.2}   commandstats; a script's time includes its commands",
-                redis.usec_per_decision
-            );
-            let _ = writeln!(
-                out,
-                "  CPU µs        {:>12.2}   INFO cpu, main thread: commands, parsing and I/O",
-                redis.cpu_usec_per_decision
-            );
-            for (name, cost) in &redis.commands {
-                let _ = writeln!(
-                    out,
-                    "    {name:<20} {:>8.3} calls/decision  {:>7.2} µs/call",
-                    cost.calls as f64 / self.decisions.max(1) as f64,
-                    cost.usec as f64 / cost.calls.max(1) as f64
-                );
-            }
+            self.render_redis(redis, &mut out);
         }
         out
+    }
+
+    /// The Redis section: what the measured run cost Redis per decision.
+    fn render_redis(&self, redis: &RedisCost, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\n  Redis, per decision (INFO deltas over the measured run)"
+        );
+        let _ = writeln!(
+            out,
+            "  commands      {:>12.2}   scripts {:.2}; commands a script calls count too",
+            redis.calls_per_decision, redis.script_calls_per_decision
+        );
+        let _ = writeln!(
+            out,
+            "  server µs     {:>12.2}   commandstats; a script's time includes its commands",
+            redis.usec_per_decision
+        );
+        let _ = writeln!(
+            out,
+            "  CPU µs        {:>12.2}   INFO cpu, main thread: commands, parsing and I/O",
+            redis.cpu_usec_per_decision
+        );
+        for (name, cost) in &redis.commands {
+            let _ = writeln!(
+                out,
+                "    {name:<20} {:>8.3} calls/decision  {:>7.2} µs/call",
+                cost.calls as f64 / self.decisions.max(1) as f64,
+                cost.usec as f64 / cost.calls.max(1) as f64
+            );
+        }
     }
 }
 
