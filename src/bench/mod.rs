@@ -377,14 +377,7 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
     let keys = Arc::new(
         Keys::new(args.keys, args.distribution, args.zipf_exponent).map_err(BenchError::Invalid)?,
     );
-    if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
-        return Err(BenchError::Invalid(
-            "--rate must be a positive number".into(),
-        ));
-    }
-    if args.requests == Some(0) {
-        return Err(BenchError::Invalid("--requests must be at least 1".into()));
-    }
+    validate(args)?;
     let redis_urls: Vec<RedisUrl> = args.redis_urls.iter().map(RedisUrl::new).collect();
     let concurrency = args.concurrency as usize;
     let connections = args
@@ -424,19 +417,7 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
         before = redis_snapshot(&redis_urls).await?;
     }
     let pacer = args.rate.map(|rate| Pacer::start(rate, shared.clone()));
-    let workers: Vec<_> = (0..concurrency)
-        .map(|i| {
-            tokio::spawn(worker(
-                pb::RateLimitServiceClient::new(channels[i % connections].clone()),
-                workload.clone(),
-                keys.clone(),
-                shared.clone(),
-                SmallRng::seed_from_u64(args.seed.wrapping_mul(1_000_003).wrapping_add(i as u64)),
-                pacer.clone(),
-                timeout,
-            ))
-        })
-        .collect();
+    let workers = spawn_workers(args, &channels, &workload, &keys, &shared, pacer.as_ref());
 
     let bar = progress.then(|| progress_bar(args, measure_for));
     if !warmup.is_zero() {
@@ -445,30 +426,105 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
         shared.phase.store(MEASURE, Ordering::Release);
     }
     let measured_at = Instant::now();
-    let ticker = bar.clone().map(|bar| {
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let done = shared.done.load(Ordering::Relaxed);
-                let secs = measured_at.elapsed().as_secs_f64();
-                if shared.counted {
-                    bar.set_position(done);
-                } else {
-                    bar.set_position(measured_at.elapsed().as_millis() as u64);
-                }
-                bar.set_message(format!("{:.0} decisions/s", done as f64 / secs.max(1e-3)));
-            }
-        })
-    });
+    let ticker = bar
+        .clone()
+        .map(|bar| spawn_ticker(bar, shared.clone(), measured_at));
 
+    let (tally, elapsed, after) =
+        finish(measure_for, measured_at, workers, &shared, &redis_urls).await;
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+
+    Ok(report(
+        args,
+        (concurrency, connections),
+        tally,
+        elapsed,
+        before,
+        after,
+    ))
+}
+
+/// Refuses arguments clap cannot check alone.
+fn validate(args: &BenchArgs) -> Result<(), BenchError> {
+    if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        return Err(BenchError::Invalid(
+            "--rate must be a positive number".into(),
+        ));
+    }
+    if args.requests == Some(0) {
+        return Err(BenchError::Invalid("--requests must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// One worker per request in flight, spread over the connections.
+fn spawn_workers(
+    args: &BenchArgs,
+    channels: &[Channel],
+    workload: &Arc<Workload>,
+    keys: &Arc<Keys>,
+    shared: &Arc<Shared>,
+    pacer: Option<&Arc<Pacer>>,
+) -> Vec<tokio::task::JoinHandle<Tally>> {
+    let timeout = Duration::from_millis(args.timeout.max(1));
+    (0..args.concurrency as usize)
+        .map(|i| {
+            tokio::spawn(worker(
+                pb::RateLimitServiceClient::new(channels[i % channels.len()].clone()),
+                workload.clone(),
+                keys.clone(),
+                shared.clone(),
+                SmallRng::seed_from_u64(args.seed.wrapping_mul(1_000_003).wrapping_add(i as u64)),
+                pacer.cloned(),
+                timeout,
+            ))
+        })
+        .collect()
+}
+
+/// Redraws the progress bar every 100 ms with the rate measured so far.
+fn spawn_ticker(
+    bar: indicatif::ProgressBar,
+    shared: Arc<Shared>,
+    measured_at: Instant,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let done = shared.done.load(Ordering::Relaxed);
+            let secs = measured_at.elapsed().as_secs_f64();
+            if shared.counted {
+                bar.set_position(done);
+            } else {
+                bar.set_position(measured_at.elapsed().as_millis() as u64);
+            }
+            bar.set_message(format!("{:.0} decisions/s", done as f64 / secs.max(1e-3)));
+        }
+    })
+}
+
+/// Ends the measured run (after `measure_for`, or when the workers have
+/// sent every request) and gathers the workers' tallies, the length of the
+/// run and Redis's reading at its end.
+async fn finish(
+    measure_for: Option<Duration>,
+    measured_at: Instant,
+    workers: Vec<tokio::task::JoinHandle<Tally>>,
+    shared: &Shared,
+    redis_urls: &[RedisUrl],
+) -> (Tally, Duration, Result<Option<RedisSnapshot>, BenchError>) {
     let mut tally = Tally::new();
     let (elapsed, after) = match measure_for {
         Some(length) => {
             tokio::time::sleep(length).await;
             shared.phase.store(STOP, Ordering::Release);
             // A failed reading must not throw the measured run away.
-            let after = redis_snapshot(&redis_urls).await;
+            let after = redis_snapshot(redis_urls).await;
             for w in workers {
                 tally.merge(w.await.expect("a bench worker panicked"));
             }
@@ -480,17 +536,22 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
             }
             let elapsed = measured_at.elapsed();
             shared.phase.store(STOP, Ordering::Release);
-            let after = redis_snapshot(&redis_urls).await;
+            let after = redis_snapshot(redis_urls).await;
             (elapsed, after)
         }
     };
-    if let Some(t) = ticker {
-        t.abort();
-    }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    (tally, elapsed, after)
+}
 
+/// The report of a finished run.
+fn report(
+    args: &BenchArgs,
+    (concurrency, connections): (usize, usize),
+    tally: Tally,
+    elapsed: Duration,
+    before: Option<RedisSnapshot>,
+    after: Result<Option<RedisSnapshot>, BenchError>,
+) -> Report {
     let decisions = tally.ok + tally.over_limit;
     // A failed reading at the end must not throw the measured run away.
     let (redis, redis_error) = match (before, after) {
@@ -498,7 +559,7 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
         (_, Err(e)) => (None, Some(e.to_string())),
         _ => (None, None),
     };
-    Ok(Report {
+    Report {
         addr: args.addr.clone(),
         domain: args.domain.clone(),
         concurrency,
@@ -516,7 +577,7 @@ pub async fn run(args: &BenchArgs, progress: bool) -> Result<Report, BenchError>
         latency_ms: Latency::from_micros(&tally.latency_us),
         redis,
         redis_error,
-    })
+    }
 }
 
 fn progress_bar(args: &BenchArgs, measure_for: Option<Duration>) -> indicatif::ProgressBar {
