@@ -12,7 +12,9 @@
 //!
 //! It also assembles the Redis store's decision script, `decide.lua` in
 //! `OUT_DIR`, from its parts in `src/store/redis/decide/` (one file per
-//! algorithm and the driver; `prelude.lua` says why and in what order).
+//! algorithm and the driver; `prelude.lua` says why and in what order), and
+//! its batch script, `batch.lua`, from the same prelude and algorithms
+//! around `decide/batch.lua`.
 
 use std::{env, fs, path::PathBuf};
 
@@ -53,6 +55,31 @@ fn assemble_decide(out_dir: &std::path::Path) -> std::io::Result<()> {
         script.push('\n');
     }
     fs::write(out_dir.join("decide.lua"), script)
+}
+
+/// The algorithms a batch call decides (see `decide/batch.lua`).
+const BATCH_ALGORITHMS: &[&str] = &["sliding_window", "fixed_window", "token_bucket"];
+
+/// Assembles `batch.lua`: the prelude, then `decide/batch.lua` with the
+/// algorithms it decides in place of its marker line.
+fn assemble_batch(out_dir: &std::path::Path) -> std::io::Result<()> {
+    let part = |name: &str| {
+        let path = format!("src/store/redis/decide/{name}.lua");
+        Ok::<_, std::io::Error>(format!("-- {path}\n{}\n", fs::read_to_string(&path)?))
+    };
+    let mut algorithms = String::new();
+    for name in BATCH_ALGORITHMS {
+        algorithms.push_str(&part(name)?);
+    }
+    let batch = part("batch")?;
+    let marker = "-- @@ algorithms @@\n";
+    if !batch.contains(marker) {
+        return Err(std::io::Error::other(
+            "decide/batch.lua has no algorithms marker",
+        ));
+    }
+    let script = part("prelude")? + &batch.replacen(marker, &algorithms, 1);
+    fs::write(out_dir.join("batch.lua"), script)
 }
 
 /// Runs `program args` and returns its first line of output, if it ran.
@@ -99,6 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     build_info();
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     assemble_decide(&out_dir)?;
+    assemble_batch(&out_dir)?;
 
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler.include_imports(true).include_source_info(false);
