@@ -14,7 +14,9 @@
 //! `OUT_DIR`, from its parts in `src/store/redis/decide/` (one file per
 //! algorithm and the driver; `prelude.lua` says why and in what order), and
 //! `refund.lua` from `src/store/redis/refund.lua` and the same parts; the
-//! records the scripts name are numbered by `build/lua.rs`.
+//! records the scripts name are numbered by `build/lua.rs`; and its batch
+//! script, `batch.lua`, from the same prelude and algorithms around
+//! `decide/batch.lua`.
 
 #[path = "build/lua.rs"]
 mod lua;
@@ -104,6 +106,31 @@ fn write_lua(out_dir: &std::path::Path, name: &str, script: &str) -> std::io::Re
     fs::write(out_dir.join(name), expanded)
 }
 
+/// The algorithms a batch call decides (see `decide/batch.lua`).
+const BATCH_ALGORITHMS: &[&str] = &["sliding_window", "fixed_window", "token_bucket"];
+
+/// Assembles `batch.lua`: the prelude, then `decide/batch.lua` with the
+/// algorithms it decides in place of its marker line.
+fn assemble_batch(out_dir: &std::path::Path) -> std::io::Result<()> {
+    let part = |name: &str| {
+        let path = format!("src/store/redis/decide/{name}.lua");
+        Ok::<_, std::io::Error>(format!("-- {path}\n{}\n", fs::read_to_string(&path)?))
+    };
+    let mut algorithms = String::new();
+    for name in BATCH_ALGORITHMS {
+        algorithms.push_str(&part(name)?);
+    }
+    let batch = part("batch")?;
+    let marker = "-- @@ algorithms @@\n";
+    if !batch.contains(marker) {
+        return Err(std::io::Error::other(
+            "decide/batch.lua has no algorithms marker",
+        ));
+    }
+    let script = part("prelude")? + &batch.replacen(marker, &algorithms, 1);
+    write_lua(out_dir, "batch.lua", &script)
+}
+
 /// Runs `program args` and returns its first line of output, if it ran.
 fn first_line(program: &str, args: &[&str]) -> Option<String> {
     let out = std::process::Command::new(program)
@@ -149,6 +176,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     assemble_decide(&out_dir)?;
     assemble_refund(&out_dir)?;
+    assemble_batch(&out_dir)?;
 
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler.include_imports(true).include_source_info(false);

@@ -54,14 +54,14 @@ use serde::{Deserialize, Serialize};
 
 use self::call::{Called, Owed, RefundCounts, Route, Shared, Target};
 pub use self::coalesce::Coalescing;
-use self::coalesce::{Coalescer, Lane, Turn};
+use self::coalesce::{Coalescer, Lane, Request, Turn};
 #[cfg(feature = "bench")]
 pub use self::info::server_info;
 use self::node::{Eval, Node, Script};
 pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
-use self::wire::{ItemPart, LIMIT_ARGS, answer_len, answers, hits, limit_args, role_code};
-use super::{Batch, BatchOutcome, BreakerConfig, CounterStore, StoreError};
+use self::wire::{ITEM_ARGS, ItemPart, LIMIT_ARGS, answer_len, answers, push_item};
+use super::{Batch, BatchItem, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Identity, Window, admits};
 use crate::telemetry::metrics::ReconcileCounters;
 
@@ -69,6 +69,8 @@ use crate::telemetry::metrics::ReconcileCounters;
 const DECIDE: &str = include_str!(concat!(env!("OUT_DIR"), "/decide.lua"));
 /// Assembled by build.rs from `redis/refund.lua` and decide.lua's parts.
 const REFUND: &str = include_str!(concat!(env!("OUT_DIR"), "/refund.lua"));
+/// Assembled by build.rs around `redis/decide/batch.lua`.
+const BATCH: &str = include_str!(concat!(env!("OUT_DIR"), "/batch.lua"));
 const RESET: &str = include_str!("redis/reset.lua");
 
 /// Where the scripts take `now` from.
@@ -197,6 +199,7 @@ impl RedisStore {
             route,
             per_second,
             decide: Script::new(DECIDE),
+            batch: Script::new(BATCH),
             refund: Script::new(REFUND),
             breaker: config.breaker,
             clock,
@@ -217,7 +220,7 @@ impl RedisStore {
                 continue;
             }
             // Saves the first call a NOSCRIPT round trip; not required.
-            for script in [&shared.decide, &shared.refund] {
+            for script in [&shared.decide, &shared.batch, &shared.refund] {
                 let loaded: Result<redis::Value, _> = node.command(&script.load()).await;
                 if let Err(e) = loaded {
                     tracing::warn!(error = %e, node = %node.name(), "could not load the Redis scripts yet");
@@ -306,23 +309,14 @@ impl RedisStore {
         now: Option<i64>,
     ) -> Result<Vec<i64>, StoreError> {
         let limit_count: usize = items.iter().map(|&i| batch.items[i].limits.len()).sum();
-        // Per item its role, hits and number of limits, and each limit's
-        // arguments.
         let mut eval = self.shared.decide_eval(
             items.iter().map(|&i| keys[i].as_ref()),
             slot,
             (now, whole),
-            3 * items.len() + LIMIT_ARGS * limit_count,
+            ITEM_ARGS * items.len() + LIMIT_ARGS * limit_count,
         );
-        let args = &mut eval.cmd;
         for &i in items {
-            let item = &batch.items[i];
-            args.arg(role_code(item))
-                .arg(hits(item.hits))
-                .arg(item.limits.len());
-            for limit in &item.limits {
-                args.arg(&limit_args(limit)[..]);
-            }
+            push_item(&mut eval.cmd, &batch.items[i]);
         }
         let expected = 1 + answer_len(whole) * limit_count;
         let started = self.shared.clock.now();
@@ -384,6 +378,126 @@ impl RedisStore {
             .collect();
         Ok(BatchOutcome { admitted, limits })
     }
+
+    /// Where `item`'s counters live: its Redis, and its slot there.
+    fn place(&self, item: &BatchItem, key: &str) -> (Target, u16) {
+        let target = self.shared.target(item.limits.iter().map(|l| &l.window));
+        (target, self.shared.slot(target, key))
+    }
+
+    /// Items of `batch` grouped by Redis and Cluster slot (`keys`: theirs);
+    /// one group when every counter lives in one Redis that is not a
+    /// Cluster.
+    fn groups(&self, batch: &Batch, keys: &[String]) -> Vec<((Target, u16), Vec<usize>)> {
+        let mut groups: Vec<((Target, u16), Vec<usize>)> = Vec::new();
+        for (i, (item, key)) in batch.items.iter().zip(keys).enumerate() {
+            let place = self.place(item, key);
+            match groups.iter_mut().find(|(p, _)| *p == place) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((place, vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// A request of one identity that can share a call (`request`, the one
+    /// item of `batch`): decided alone when its lane is idle, by the lane's
+    /// next call otherwise.
+    async fn decide_shared(
+        &self,
+        coalescer: &Arc<Coalescer>,
+        (target, slot): (Target, u16),
+        request: Request,
+        batch: &Batch,
+        now: Option<i64>,
+    ) -> Result<BatchOutcome, StoreError> {
+        match coalescer.join(Lane { target, slot }, request) {
+            Turn::First(hand_off, request) => {
+                let keys = [request.key];
+                let outcome = self
+                    .decide_whole((target, slot), batch, &[0], &keys, now)
+                    .await;
+                drop(hand_off);
+                outcome
+            }
+            Turn::Queued(queued) => coalescer.wait(queued, &batch.items[0]).await,
+        }
+    }
+
+    /// A request whose counters live in several groups (Cluster slots, or
+    /// the per-second Redis): one call per group, in parallel; what the
+    /// groups counted is refunded when the request is not admitted.
+    async fn decide_groups(
+        &self,
+        groups: &[((Target, u16), Vec<usize>)],
+        batch: &Batch,
+        keys: &[String],
+        now: Option<i64>,
+    ) -> Result<BatchOutcome, StoreError> {
+        let replies = join_all(
+            groups
+                .iter()
+                .map(|(place, items)| self.decide_part(*place, batch, items, keys, false, now)),
+        )
+        .await;
+        // Each item's limit outcomes, and whether its group counted it. A
+        // group that timed out is reconciled on its own (see `decide_part`).
+        let mut per_item: Vec<Option<ItemPart>> = vec![None; batch.items.len()];
+        let mut error = None;
+        for ((_, items), reply) in groups.iter().zip(&replies) {
+            match reply {
+                Ok(reply) => {
+                    let mut values = answers(reply, false);
+                    for &i in items {
+                        let limits = values.by_ref().take(batch.items[i].limits.len()).collect();
+                        per_item[i] = Some((limits, reply[0] == 1));
+                    }
+                }
+                Err(e) => error = Some(e.clone()),
+            }
+        }
+        let admitted = error.is_none() && parts_admit(batch, &per_item);
+        if !admitted {
+            self.refund_parts(batch, keys, &per_item).await;
+        }
+        if let Some(e) = error {
+            return Err(e);
+        }
+        let limits = batch
+            .items
+            .iter()
+            .zip(per_item)
+            .flat_map(|(item, outcome)| {
+                let (limits, _) = outcome.expect("every group answered");
+                // A refunded part reports the counter as it stands again.
+                limits.into_iter().map(move |a| a.outcome(item, admitted))
+            })
+            .collect();
+        Ok(BatchOutcome { admitted, limits })
+    }
+
+    /// Takes back what the groups of a request that was not admitted
+    /// counted, in a task of its own: a caller that goes away must not cut
+    /// a refund short.
+    async fn refund_parts(&self, batch: &Batch, keys: &[String], per_item: &[Option<ItemPart>]) {
+        let parts = per_item
+            .iter()
+            .zip(&batch.items)
+            .zip(keys)
+            .filter_map(|((outcome, item), key)| match outcome {
+                // Refunds and always-counted debits stand whatever the
+                // request decides.
+                _ if item.stands() => None,
+                Some((answers, true)) => {
+                    let target = self.shared.target(item.limits.iter().map(|l| &l.window));
+                    Some((Owed::new(target, key, item), answers.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let shared = self.shared.clone();
+        let _ = tokio::spawn(async move { shared.refund(parts, shared.timeout).await }).await;
+    }
 }
 
 impl CounterStore for RedisStore {
@@ -429,130 +543,58 @@ impl CounterStore for RedisStore {
             .map(drop)
     }
 
+    /// One of three strategies: a request of one identity with the
+    /// default's shape shares its Redis's calls (`redis/coalesce.rs`); a
+    /// request whose counters all live in one place is one call; otherwise
+    /// one call per slot group.
     async fn apply(&self, batch: &Batch) -> Result<BatchOutcome, StoreError> {
         let now = self.shared.script_now();
         if let [item] = &batch.items[..] {
-            // One descriptor (the usual request): one call, nothing to group.
             let key = item.identity.storage_key(&self.prefix);
-            let target = self.shared.target(item.limits.iter().map(|l| &l.window));
-            let place = (target, self.shared.slot(target, &key));
-            if let Some(coalescer) = &self.coalesce
-                && let Some(limit) = coalesce::shared_limit(item)
-            {
-                let (target, slot) = place;
-                let lane = Lane {
-                    target,
-                    slot,
-                    key,
-                    limit,
-                };
-                return match coalescer.join(lane, item.hits) {
-                    Turn::First(next) => {
-                        let keys = [next.lane.key.as_str()];
-                        self.decide_whole(place, batch, &[0], &keys, now).await
-                    }
-                    Turn::Queued(queued) => coalescer.wait(queued, item).await,
-                };
-            }
-            return self.decide_whole(place, batch, &[0], &[key], now).await;
+            let place = self.place(item, &key);
+            return match self.coalesce.as_ref().zip(coalesce::shared_limit(item)) {
+                Some((coalescer, limit)) => {
+                    let request = Request {
+                        key,
+                        limit,
+                        hits: item.hits,
+                    };
+                    self.decide_shared(coalescer, place, request, batch, now)
+                        .await
+                }
+                None => self.decide_whole(place, batch, &[0], &[key], now).await,
+            };
         }
         let keys: Vec<String> = batch
             .items
             .iter()
             .map(|i| i.identity.storage_key(&self.prefix))
             .collect();
-        // Which Redis each item's counters live in.
-        let targets: Vec<Target> = batch
-            .items
-            .iter()
-            .map(|item| self.shared.target(item.limits.iter().map(|l| &l.window)))
-            .collect();
-        // Group items by Redis and cluster slot; one group when every
-        // counter lives in one Redis that is not a cluster.
-        let mut groups: Vec<((Target, u16), Vec<usize>)> = Vec::new();
-        for (i, (key, &target)) in keys.iter().zip(&targets).enumerate() {
-            let slot = self.shared.slot(target, key);
-            match groups.iter_mut().find(|(p, _)| *p == (target, slot)) {
-                Some((_, members)) => members.push(i),
-                None => groups.push(((target, slot), vec![i])),
+        match &self.groups(batch, &keys)[..] {
+            [] => {
+                self.decide_whole((Target::Main, 0), batch, &[], &keys, now)
+                    .await
             }
+            [(place, items)] => self.decide_whole(*place, batch, items, &keys, now).await,
+            groups => self.decide_groups(groups, batch, &keys, now).await,
         }
-        if groups.len() <= 1 {
-            let place = groups.first().map_or((Target::Main, 0), |(p, _)| *p);
-            let all: Vec<usize> = (0..batch.items.len()).collect();
-            return self.decide_whole(place, batch, &all, &keys, now).await;
-        }
+    }
+}
 
-        let replies = join_all(
-            groups
-                .iter()
-                .map(|(place, items)| self.decide_part(*place, batch, items, &keys, false, now)),
-        )
-        .await;
-        // Each item's limit outcomes and the slots its hits went to, and
-        // whether its group counted it. A group that timed out is
-        // reconciled on its own (see `decide_part`).
-        let mut per_item: Vec<Option<ItemPart>> = vec![None; batch.items.len()];
-        let mut error = None;
-        for ((_, items), reply) in groups.iter().zip(&replies) {
-            match reply {
-                Ok(reply) => {
-                    let mut values = answers(reply, false);
-                    for &i in items {
-                        let limits = values.by_ref().take(batch.items[i].limits.len()).collect();
-                        per_item[i] = Some((limits, reply[0] == 1));
-                    }
-                }
-                Err(e) => error = Some(e.clone()),
-            }
-        }
-        let admitted = error.is_none()
-            && admits(
-                batch
-                    .items
-                    .iter()
-                    .zip(&per_item)
-                    .filter(|(item, _)| !item.refund)
-                    .map(|(item, outcome)| {
-                        let over = outcome
-                            .as_ref()
-                            .is_some_and(|(limits, _)| limits.iter().any(|a| a.over));
-                        (item.role, over)
-                    }),
-            );
-        if !admitted {
-            let parts = per_item
-                .iter()
-                .enumerate()
-                .filter_map(|(i, outcome)| match outcome {
-                    // Refunds and always-counted debits stand whatever the
-                    // request decides.
-                    _ if batch.items[i].stands() => None,
-                    Some((answers, true)) => Some((
-                        Owed::new(targets[i], &keys[i], &batch.items[i]),
-                        answers.clone(),
-                    )),
-                    _ => None,
-                })
-                .collect();
-            // In a task of its own: a caller that goes away must not cut a
-            // refund short.
-            let shared = self.shared.clone();
-            let _ = tokio::spawn(async move { shared.refund(parts, shared.timeout).await }).await;
-        }
-        if let Some(e) = error {
-            return Err(e);
-        }
-        let limits = batch
+/// Whether a request split over groups is admitted, from each item's
+/// answers (`None`: its group failed).
+fn parts_admit(batch: &Batch, per_item: &[Option<ItemPart>]) -> bool {
+    admits(
+        batch
             .items
             .iter()
             .zip(per_item)
-            .flat_map(|(item, outcome)| {
-                let (limits, _) = outcome.expect("every group answered");
-                // A refunded part reports the counter as it stands again.
-                limits.into_iter().map(move |a| a.outcome(item, admitted))
-            })
-            .collect();
-        Ok(BatchOutcome { admitted, limits })
-    }
+            .filter(|(item, _)| !item.refund)
+            .map(|(item, outcome)| {
+                let over = outcome
+                    .as_ref()
+                    .is_some_and(|(limits, _)| limits.iter().any(|a| a.over));
+                (item.role, over)
+            }),
+    )
 }

@@ -198,3 +198,63 @@ async fn a_cancelled_first_request_hands_its_followers_on() {
     }
     wait_for(&store, Coalescing::default()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_of_many_identities_share_calls_and_each_counter_decides_in_turn() {
+    let redis = RedisServer::start();
+    let store = open(&redis.url()).await;
+    let hour = 3_600_000;
+    let limits = [
+        Algorithm::SlidingWindow {
+            precision_ms: 60_000,
+        },
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket { burst: LIMIT },
+    ]
+    .map(|algorithm| LimitSpec {
+        requests: LIMIT,
+        window: Window {
+            duration_ms: hour,
+            algorithm,
+        },
+    });
+    let calls = evalsha_calls(&redis);
+    redis.pause();
+    let apply = |i: u64| {
+        let limit = limits[(i % 3) as usize];
+        let (store, batch) = (
+            store.clone(),
+            batch(&format!("id{}", i % 6), limit, i % 2 + 1),
+        );
+        tokio::spawn(async move { (i, store.apply(&batch).await) })
+    };
+    let mut sent = vec![apply(0)];
+    wait_for_one_call(&store, 0).await;
+    sent.extend((1..REQUESTS as u64).map(apply));
+    wait_for_one_call(&store, REQUESTS - 1).await;
+    redis.resume();
+    let mut per_counter: Vec<Vec<(u64, BatchOutcome)>> = vec![Vec::new(); 6];
+    for joined in join_all(sent).await {
+        let (i, outcome) = joined.expect("no panic");
+        per_counter[(i % 6) as usize].push((i % 2 + 1, outcome.expect("Redis answers")));
+    }
+    // Six identities (each with one algorithm) in one lane: the first call,
+    // then the others in calls of 64 at most.
+    assert_eq!(
+        evalsha_calls(&redis) - calls,
+        1 + (REQUESTS as u64 - 1).div_ceil(64)
+    );
+    for (c, answers) in per_counter.iter().enumerate() {
+        let admitted = decided_in_turn(answers);
+        let limit = limits[c % 3];
+        let read = store
+            .apply(&batch(&format!("id{c}"), limit, 0))
+            .await
+            .expect("read");
+        assert_eq!(
+            read.limits[0].used, admitted,
+            "counter {c} holds what was told"
+        );
+    }
+    wait_for(&store, Coalescing::default()).await;
+}

@@ -22,7 +22,7 @@ use super::dial::{Dialer, Place};
 use super::node::{Eval, Node, Redirect, Script, Sent};
 use super::tls::RedisTls;
 use super::url::{RedisUrl, Servers, parse_url};
-use super::wire::{Answer, answers, hits, limit_args};
+use super::wire::{Answer, answers, push_head, push_refund};
 use crate::limiter::{Clock, LimitSpec, Window};
 use crate::store::{BatchItem, BreakerConfig, StoreError};
 use crate::telemetry::metrics::ReconcileCounters;
@@ -45,6 +45,8 @@ pub(super) struct Shared {
     /// Where one-second limits go, when a Redis of their own is set.
     pub(super) per_second: Option<Route>,
     pub(super) decide: Script,
+    /// Decides many requests of one shape at once (see `coalesce.rs`).
+    pub(super) batch: Script,
     pub(super) refund: Script,
     pub(super) breaker: Option<BreakerConfig>,
     /// The breakers' clock, and the scripts' in local time mode.
@@ -173,11 +175,7 @@ impl Shared {
         args: usize,
     ) -> Eval {
         let mut eval = Eval::new(&self.decide, keys, slot, 2 + args);
-        match now {
-            Some(now) => eval.cmd.arg(now),
-            None => eval.cmd.arg(""),
-        };
-        eval.cmd.arg(if whole { "all" } else { "part" });
+        push_head(&mut eval.cmd, now, if whole { "all" } else { "part" });
         eval
     }
 
@@ -314,12 +312,8 @@ impl Shared {
                 }
             };
             let (_, group_keys, args) = &mut by_slot[group];
+            push_refund(args, &owed.limits, &answers, owed.hits);
             group_keys.push(owed.key);
-            args.push(answers.len() as i64);
-            for (limit, answer) in owed.limits.iter().zip(&answers) {
-                args.extend(limit_args(limit));
-                args.extend([answer.slot, hits(owed.hits)]);
-            }
         }
         let counts = &self.refunds;
         let mut in_flight = InFlight::new(&counts.in_flight, by_slot.len() as u64);

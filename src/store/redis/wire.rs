@@ -1,5 +1,7 @@
-//! The scripts' wire format on the Rust side: how a limit and a weight are
-//! passed to decide.lua and refund.lua, and how a decide.lua reply reads.
+//! The scripts' wire format on the Rust side: every argument passed to
+//! decide.lua, batch.lua and refund.lua, and how their replies read.
+
+use redis::Cmd;
 
 use crate::limiter::{Algorithm, Counting, LimitSpec, Role};
 use crate::store::{BatchItem, LimitOutcome, counted_used};
@@ -121,4 +123,125 @@ pub(super) fn answers(reply: &[i64], whole: bool) -> impl Iterator<Item = Answer
         full_after: count(v[4]),
         slot: v[5],
     })
+}
+
+/// decide.lua's first two arguments: `now` ("" for Redis's clock) and
+/// whether the call is the whole request ("all") or a Cluster part.
+pub(super) fn push_head(cmd: &mut Cmd, now: Option<i64>, whole: &str) {
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    cmd.arg(whole);
+}
+
+/// Arguments decide.lua takes per item, besides its limits' own.
+pub(super) const ITEM_ARGS: usize = 3;
+
+/// decide.lua's arguments for one item: role, hits, number of limits, and
+/// each limit's.
+pub(super) fn push_item(cmd: &mut Cmd, item: &BatchItem) {
+    cmd.arg(role_code(item))
+        .arg(hits(item.hits))
+        .arg(item.limits.len());
+    for limit in &item.limits {
+        cmd.arg(&limit_args(limit)[..]);
+    }
+}
+
+/// refund.lua's arguments for one item: number of limits, then per limit
+/// its arguments, the slot decide.lua counted in, and the hits to give back.
+pub(super) fn push_refund(args: &mut Vec<i64>, limits: &[LimitSpec], answers: &[Answer], n: u64) {
+    args.push(answers.len() as i64);
+    for (limit, answer) in limits.iter().zip(answers) {
+        args.extend(limit_args(limit));
+        args.extend([answer.slot, hits(n)]);
+    }
+}
+
+/// batch.lua's second argument: which algorithms the runs of a call use,
+/// so that the script builds only their functions.
+pub(super) fn batch_algorithms<'a>(limits: impl Iterator<Item = &'a LimitSpec>) -> &'static str {
+    let mut used = [false; 3];
+    for limit in limits {
+        match limit.window.algorithm {
+            Algorithm::SlidingWindow { .. } => used[0] = true,
+            Algorithm::FixedWindow => used[1] = true,
+            Algorithm::TokenBucket { .. } => used[2] = true,
+            // Never batched (see coalesce.rs's `shared_limit`).
+            Algorithm::SlidingLog | Algorithm::Concurrency => {}
+        }
+    }
+    match used {
+        [true, false, false] => "0",
+        [false, true, false] => "1",
+        [false, false, true] => "2",
+        [true, true, false] => "01",
+        [true, false, true] => "02",
+        [false, true, true] => "12",
+        _ => "012",
+    }
+}
+
+/// Arguments batch.lua takes per run, besides its weights.
+pub(super) const RUN_ARGS: usize = LIMIT_ARGS + 1;
+
+/// batch.lua's arguments for one run (one key and limit): the limit, the
+/// number of requests, and their weights in order.
+pub(super) fn push_run(
+    cmd: &mut Cmd,
+    limit: &LimitSpec,
+    weights: impl ExactSizeIterator<Item = u64>,
+) {
+    cmd.arg(&limit_args(limit)[..]).arg(weights.len());
+    for weight in weights {
+        cmd.arg(hits(weight));
+    }
+}
+
+/// Values batch.lua answers per run, besides one per request.
+const RUN_REPLY: usize = 4;
+
+/// One run's part of a batch.lua reply.
+pub(super) struct RunReply<'a> {
+    /// The counter before the run, and after it (reset, full, slot); its
+    /// `over` is left false (see `overs`).
+    pub(super) answer: Answer,
+    /// Per request of the run, in order: 1 if it was over (not admitted).
+    pub(super) overs: &'a [i64],
+}
+
+/// A batch.lua reply read as runs of `lens` requests each; `None` when it
+/// is not that long.
+pub(super) fn runs<'a>(
+    reply: &'a [i64],
+    lens: impl Iterator<Item = usize> + Clone,
+) -> Option<Vec<RunReply<'a>>> {
+    let total: usize = lens.clone().map(|n| RUN_REPLY + n).sum();
+    if reply.len() != total {
+        return None;
+    }
+    let count = |v: i64| u64::try_from(v).unwrap_or(0);
+    let mut rest = reply;
+    let runs = lens
+        .map(|n| {
+            let (run, next) = rest.split_at(RUN_REPLY + n);
+            rest = next;
+            let (reset, full) = (count(run[1]), count(run[2]));
+            RunReply {
+                answer: Answer {
+                    before: count(run[0]),
+                    pending: 0,
+                    over: false,
+                    reset_before: reset,
+                    reset_after: reset,
+                    full_before: full,
+                    full_after: full,
+                    slot: run[3],
+                },
+                overs: &run[RUN_REPLY..],
+            }
+        })
+        .collect();
+    Some(runs)
 }
