@@ -215,142 +215,159 @@ impl Metrics {
             descriptors: Mutex::new(HashSet::new()),
             registry: Registry::default(),
         };
-        // prometheus-client appends `_total` to counters.
-        registry.register(
-            "sluice_hits",
-            "Weighted hits checked against a limit",
-            metrics.hits.clone(),
-        );
-        registry.register(
-            "sluice_admitted",
-            "Weighted hits admitted and counted",
-            metrics.admitted.clone(),
-        );
-        registry.register(
-            "sluice_over_limit",
-            "Weighted hits that did not fit an enforced limit",
-            metrics.over_limit.clone(),
-        );
-        registry.register(
-            "sluice_near_limit",
-            "Weighted hits admitted at or above the near-limit ratio of a limit",
-            metrics.near_limit.clone(),
-        );
-        registry.register(
-            "sluice_shadow_mode",
-            "Weighted hits over a shadow-mode limit (not rejected)",
-            metrics.shadow_mode.clone(),
-        );
-        registry.register(
-            "sluice_requests",
-            "ShouldRateLimit calls by outcome",
-            metrics.requests.clone(),
-        );
-        registry.register(
-            "sluice_request_duration_seconds",
-            "ShouldRateLimit latency",
-            metrics.request_seconds.clone(),
-        );
-        registry.register(
-            "sluice_store_duration_seconds",
-            "Counter store call latency",
-            metrics.store_seconds.clone(),
-        );
-        registry.register(
-            "sluice_store_errors",
-            "Counter store failures by kind",
-            metrics.store_errors.clone(),
-        );
-        registry.register(
-            "sluice_store_error_decisions",
-            "Requests answered by the store-error policy",
-            metrics.store_error_policy.clone(),
-        );
-        registry.register(
-            "sluice_local_cache_hits",
-            "Over-limit answers given from the local cache",
-            metrics.local_cache_hits.clone(),
-        );
-        registry.register(
-            "sluice_store_refund_failures",
-            "Refund calls to Redis that failed: the hits they were to take back stay counted until their window passes",
-            metrics.store_refund_failures.clone(),
-        );
-        registry.register(
-            "sluice_rules_reloads",
-            "Rules reloads by result",
-            metrics.reloads.clone(),
-        );
-        registry.register(
-            "sluice_tls_reloads",
-            "gRPC TLS certificate reloads by result",
-            metrics.tls_reloads.clone(),
-        );
-        registry.register(
-            "sluice_rules_loaded_timestamp_seconds",
-            "When the rules in force were loaded (Unix time)",
-            metrics.rules_loaded.clone(),
-        );
-        registry.register(
-            "sluice_rules_reload_error_timestamp_seconds",
-            "When a rules reload was last refused (Unix time; 0: never)",
-            metrics.rules_refused.clone(),
-        );
-        registry.register(
-            "sluice_connections_open",
-            "Connections open now, by listener",
-            metrics.connections_open.clone(),
-        );
-        registry.register(
-            "sluice_connections_refused",
-            "Connections refused because the listener had its maximum open",
-            metrics.connections_refused.clone(),
-        );
-        registry.register(
-            "sluice_connections_closed",
-            "Connections the server closed itself, by listener and reason",
-            metrics.connections_closed.clone(),
-        );
-        registry.register(
-            "sluice_requests_invalid",
-            "gRPC requests refused before reaching a handler, by reason",
-            metrics.requests_invalid.clone(),
-        );
+        metrics.register_decisions(&mut registry);
+        metrics.register_store(&mut registry);
+        metrics.register_service(&mut registry);
         metrics.operations.register(&mut registry);
-        // Known series exist from the start at zero, so alerts on their rate
-        // work before the first event.
-        for listener in LISTENERS {
-            metrics.connection_counters(listener);
-        }
-        metrics.invalid_request_counters();
-        for result in ["success", "error"] {
-            metrics.reloads.get_or_create_owned(&ResultLabels {
-                result: result.to_owned(),
-            });
-        }
-        let request_codes = REQUEST_CODES.map(|code| {
-            let counter = metrics.requests.get_or_create_owned(&CodeLabels {
-                code: code.to_owned(),
-            });
-            (code, counter)
-        });
-        for policy in ["unavailable", "allow", "deny"] {
-            metrics
-                .store_error_policy
-                .get_or_create_owned(&PolicyLabels {
-                    policy: policy.to_owned(),
-                });
-        }
-        for kind in ["unavailable", "timeout", "circuit_open"] {
-            metrics.store_errors.get_or_create_owned(&KindLabels {
-                kind: kind.to_owned(),
-            });
-        }
+        let request_codes = metrics.known_series();
         Self {
             registry,
             request_codes,
             ..metrics
         }
+    }
+
+    /// The decisions: hits, admissions, requests and their latency.
+    fn register_decisions(&self, registry: &mut Registry) {
+        // prometheus-client appends `_total` to counters.
+        registry.register(
+            "sluice_hits",
+            "Weighted hits checked against a limit",
+            self.hits.clone(),
+        );
+        registry.register(
+            "sluice_admitted",
+            "Weighted hits admitted and counted",
+            self.admitted.clone(),
+        );
+        registry.register(
+            "sluice_over_limit",
+            "Weighted hits that did not fit an enforced limit",
+            self.over_limit.clone(),
+        );
+        registry.register(
+            "sluice_near_limit",
+            "Weighted hits admitted at or above the near-limit ratio of a limit",
+            self.near_limit.clone(),
+        );
+        registry.register(
+            "sluice_shadow_mode",
+            "Weighted hits over a shadow-mode limit (not rejected)",
+            self.shadow_mode.clone(),
+        );
+        registry.register(
+            "sluice_requests",
+            "ShouldRateLimit calls by outcome",
+            self.requests.clone(),
+        );
+        registry.register(
+            "sluice_request_duration_seconds",
+            "ShouldRateLimit latency",
+            self.request_seconds.clone(),
+        );
+    }
+
+    /// The counter store: latency, errors and what answered them.
+    fn register_store(&self, registry: &mut Registry) {
+        registry.register(
+            "sluice_store_duration_seconds",
+            "Counter store call latency",
+            self.store_seconds.clone(),
+        );
+        registry.register(
+            "sluice_store_errors",
+            "Counter store failures by kind",
+            self.store_errors.clone(),
+        );
+        registry.register(
+            "sluice_store_error_decisions",
+            "Requests answered by the store-error policy",
+            self.store_error_policy.clone(),
+        );
+        registry.register(
+            "sluice_local_cache_hits",
+            "Over-limit answers given from the local cache",
+            self.local_cache_hits.clone(),
+        );
+        registry.register(
+            "sluice_store_refund_failures",
+            "Refund calls to Redis that failed: the hits they were to take back stay counted until their window passes",
+            self.store_refund_failures.clone(),
+        );
+    }
+
+    /// Reloads, rules, connections and refused requests.
+    fn register_service(&self, registry: &mut Registry) {
+        registry.register(
+            "sluice_rules_reloads",
+            "Rules reloads by result",
+            self.reloads.clone(),
+        );
+        registry.register(
+            "sluice_tls_reloads",
+            "gRPC TLS certificate reloads by result",
+            self.tls_reloads.clone(),
+        );
+        registry.register(
+            "sluice_rules_loaded_timestamp_seconds",
+            "When the rules in force were loaded (Unix time)",
+            self.rules_loaded.clone(),
+        );
+        registry.register(
+            "sluice_rules_reload_error_timestamp_seconds",
+            "When a rules reload was last refused (Unix time; 0: never)",
+            self.rules_refused.clone(),
+        );
+        registry.register(
+            "sluice_connections_open",
+            "Connections open now, by listener",
+            self.connections_open.clone(),
+        );
+        registry.register(
+            "sluice_connections_refused",
+            "Connections refused because the listener had its maximum open",
+            self.connections_refused.clone(),
+        );
+        registry.register(
+            "sluice_connections_closed",
+            "Connections the server closed itself, by listener and reason",
+            self.connections_closed.clone(),
+        );
+        registry.register(
+            "sluice_requests_invalid",
+            "gRPC requests refused before reaching a handler, by reason",
+            self.requests_invalid.clone(),
+        );
+    }
+
+    /// Creates the known series at zero, so that alerts on their rate work
+    /// before the first event; returns the request counters by code.
+    fn known_series(&self) -> [(&'static str, Counter); 4] {
+        for listener in LISTENERS {
+            self.connection_counters(listener);
+        }
+        self.invalid_request_counters();
+        for result in ["success", "error"] {
+            self.reloads.get_or_create_owned(&ResultLabels {
+                result: result.to_owned(),
+            });
+        }
+        for policy in ["unavailable", "allow", "deny"] {
+            self.store_error_policy.get_or_create_owned(&PolicyLabels {
+                policy: policy.to_owned(),
+            });
+        }
+        for kind in ["unavailable", "timeout", "circuit_open"] {
+            self.store_errors.get_or_create_owned(&KindLabels {
+                kind: kind.to_owned(),
+            });
+        }
+        REQUEST_CODES.map(|code| {
+            let counter = self.requests.get_or_create_owned(&CodeLabels {
+                code: code.to_owned(),
+            });
+            (code, counter)
+        })
     }
 
     /// The text exposition (OpenMetrics, which Prometheus scrapes).
