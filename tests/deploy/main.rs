@@ -52,6 +52,7 @@ mod overlays;
 mod pod;
 mod readme;
 mod render;
+mod sizes;
 mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -11,8 +11,8 @@ use sluice::bench::{BenchArgs, run};
 use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::store::TimeSource;
+use support::Server;
 use support::redis::RedisServer;
-use support::{Server, redis_store};
 
 const RULES: &str = r#"
 domain: bench
@@ -67,7 +67,9 @@ async fn an_unreachable_server_is_a_clear_error() {
 async fn the_redis_reading_shows_one_script_call_per_decision() {
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(support::T0));
-    let store = redis_store(
+    // A call per request, so that the reading can be checked against the
+    // requests sent (coalescing and batching share calls between them).
+    let store = support::redis_store_call_per_request(
         &redis.url(),
         clock.clone(),
         TimeSource::Redis,

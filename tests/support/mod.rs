@@ -354,10 +354,32 @@ pub async fn redis_store_sharing(
     timeout: Duration,
     prefix: &str,
 ) -> RedisStore {
+    connect_redis_store(url, clock, time, timeout, prefix, true).await
+}
+
+/// A Redis store on `url` that gives every request a script call of its
+/// own (`redis_coalesce` off: no coalescing, no batching).
+pub async fn redis_store_call_per_request(
+    url: &str,
+    clock: Arc<ManualClock>,
+    time: TimeSource,
+    timeout: Duration,
+) -> RedisStore {
+    connect_redis_store(url, clock, time, timeout, &unique_prefix(), false).await
+}
+
+async fn connect_redis_store(
+    url: &str,
+    clock: Arc<ManualClock>,
+    time: TimeSource,
+    timeout: Duration,
+    prefix: &str,
+    coalesce: bool,
+) -> RedisStore {
     let config = RedisStoreConfig {
         tls: sluice::store::RedisTls::default(),
         per_second_url: None,
-        coalesce: true,
+        coalesce,
         url: RedisUrl::new(url),
         pool_size: 2,
         timeout,
