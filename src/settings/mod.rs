@@ -197,7 +197,7 @@ settings! {
     redis_pool_size: NonZeroUsize = nonzero(1), flag usize, "N";
     "Longest wait for Redis per decision, in milliseconds; past it the request fails UNAVAILABLE (what it counted after all is refunded)"
     redis_timeout_ms: NonZeroU64 = nonzero(40), flag u64, "MS";
-    "Requests of one counter that arrive while a Redis call for it is in flight share the next call (decided in turn, exactly as separate calls would): far less work per request on a hot counter"
+    "Requests of one descriptor and one limit bound for one Redis (one Cluster slot) that arrive while a call to it is in flight share the next call, whatever their identities (decided in turn, exactly as separate calls would): far less work per request in Redis"
     redis_coalesce: bool = true, flag bool, "BOOL";
     "Prefix of every Redis key"
     redis_key_prefix: String = "sluice:".into(), flag String, "PREFIX";
