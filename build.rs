@@ -40,6 +40,7 @@ const XDS_PROTOS: &[&str] = &[
 /// shared arithmetic first, each algorithm before the driver that calls it.
 const DECIDE_PARTS: &[&str] = &[
     "prelude",
+    "clock",
     "request",
     "sliding_window",
     "fixed_window",
@@ -127,7 +128,7 @@ fn assemble_batch(out_dir: &std::path::Path) -> std::io::Result<()> {
             "decide/batch.lua has no algorithms marker",
         ));
     }
-    let script = part("prelude")? + &batch.replacen(marker, &algorithms, 1);
+    let script = part("prelude")? + &part("clock")? + &batch.replacen(marker, &algorithms, 1);
     write_lua(out_dir, "batch.lua", &script)
 }
 

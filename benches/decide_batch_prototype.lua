@@ -9,14 +9,6 @@ sliding_window.lua in place of the marker below; no refunds, no other
 algorithm or role, no Cluster parts.
 ]]
 local single, uses_sliding, uses_fixed, uses_bucket, uses_log = false, true, false, false, false
--- The clock, as request.lua reads it.
-local now
-if ARGV[1] == '' then
-  local t = call('TIME')
-  now = t[1] * 1000 + floor(t[2] / 1000)
-else
-  now = ARGV[1] + 0
-end
 -- @@ sliding_window @@
 local alg = sliding_window
 local prefix = alg('prefix', ARGV[7], ARGV[9])

@@ -101,7 +101,7 @@ done | "$work/lua_filter" >"$work/decide.lua"
 # The batch prototype: prelude.lua, then the prototype with sliding_window.lua
 # where its marker is.
 {
-  cat "$decide/prelude.lua"
+  cat "$decide/prelude.lua" "$decide/clock.lua"
   echo
   sed -e "/^-- @@ sliding_window @@\$/r $decide/sliding_window.lua" -e '/^-- @@ sliding_window @@$/d' \
     benches/decide_batch_prototype.lua

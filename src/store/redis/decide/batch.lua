@@ -29,14 +29,6 @@ decide.lua's), then per request 1 if it was over (not admitted), 0 if
 counted.
 ]]
 
--- The clock, read once per call, as request.lua reads it for decide.lua.
-local now
-if ARGV[1] == '' then
-  local t = call('TIME')
-  now = t[1] * 1000 + floor(t[2] / 1000)
-else
-  now = ARGV[1] + 0
-end
 
 local algs = ARGV[2]
 local uses_sliding = algs:find('0', 1, true) ~= nil

@@ -5,9 +5,9 @@ doubles like Rust's f64), so the Redis and memory stores agree to the hit.
 
 Assembled at build time (build.rs) from src/store/redis/decide/, in this
 order: prelude.lua (what decide.lua and refund.lua share: the records, the
-operations of an algorithm, the arithmetic), request.lua (the contract:
-KEYS and ARGV, the reply; the clock; ARGV parsed into items, limits, which
-algorithms), sliding_window.lua, fixed_window.lua, token_bucket.lua,
+operations of an algorithm, the arithmetic), clock.lua (now, read once),
+request.lua (the contract: KEYS and ARGV, the reply; ARGV parsed into
+items, limits, which algorithms), sliding_window.lua, fixed_window.lua, token_bucket.lua,
 sliding_log.lua (one algorithm each, mirroring src/limiter/algorithm/;
 concurrency is a sliding log there as here), driver.lua (the reads, the
 check of every limit, the admission rule, the counting, the reply, the
@@ -20,7 +20,7 @@ layout declared once in a `layout` comment) and numbered by build.rs
 generated script shows every layout with its numbers. To see it, build and
 read decide.lua in the build's OUT_DIR, or:
   rustc --edition 2024 build/lua_filter.rs -o /tmp/lua &&
-    cat src/store/redis/decide/{prelude,request,sliding_window,fixed_window,token_bucket,sliding_log,driver}.lua | /tmp/lua
+    cat src/store/redis/decide/{prelude,clock,request,sliding_window,fixed_window,token_bucket,sliding_log,driver}.lua | /tmp/lua
 
 Fields of a HASH: each algorithm's file lists its own, under a prefix
 "D:…:" (D = duration_ms) that keeps every counter of the identity apart, and

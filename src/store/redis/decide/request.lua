@@ -65,13 +65,6 @@ whole request's width is 6, a Cluster part's 8; see driver.lua):
   R_FULL_BEFORE   full_before (a Cluster part's)
 ]]
 
-local now
-if ARGV[1] == '' then
-  local t = call('TIME')
-  now = t[1] * 1000 + floor(t[2] / 1000)
-else
-  now = ARGV[1] + 0
-end
 local whole = ARGV[2] == 'all'
 
 -- One key with one limit (every descriptor with one limit, the default's
