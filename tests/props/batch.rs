@@ -22,36 +22,29 @@ fn any_window() -> impl Strategy<Value = Window> {
             duration_ms: precision_ms * n,
             algorithm: Algorithm::SlidingWindow { precision_ms },
         }),
-        (1u64..=1_000).prop_map(|duration_ms| Window {
-            duration_ms,
-            algorithm: Algorithm::FixedWindow,
-        }),
+        window_of(Algorithm::FixedWindow),
         (1u64..=1_000, 1u64..=20).prop_map(|(duration_ms, burst)| Window {
             duration_ms,
             algorithm: Algorithm::TokenBucket { burst },
         }),
-        (1u64..=1_000).prop_map(|duration_ms| Window {
-            duration_ms,
-            algorithm: Algorithm::SlidingLog,
-        }),
-        (1u64..=1_000).prop_map(|duration_ms| Window {
-            duration_ms,
-            algorithm: Algorithm::Concurrency,
-        }),
+        window_of(Algorithm::SlidingLog),
+        window_of(Algorithm::Concurrency),
     ]
+}
+
+/// Windows of `algorithm` (one without parameters) up to a second long.
+fn window_of(algorithm: Algorithm) -> impl Strategy<Value = Window> {
+    (1u64..=1_000).prop_map(move |duration_ms| Window {
+        duration_ms,
+        algorithm,
+    })
 }
 
 /// The windows whose use is an exact count of the hits in them.
 fn exact_window() -> impl Strategy<Value = Window> {
     prop_oneof![
-        (1u64..=1_000).prop_map(|duration_ms| Window {
-            duration_ms,
-            algorithm: Algorithm::FixedWindow,
-        }),
-        (1u64..=1_000).prop_map(|duration_ms| Window {
-            duration_ms,
-            algorithm: Algorithm::SlidingLog,
-        }),
+        window_of(Algorithm::FixedWindow),
+        window_of(Algorithm::SlidingLog),
     ]
 }
 
