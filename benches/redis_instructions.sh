@@ -30,10 +30,9 @@
 #              `now` is passed (Redis TIME, the default time source, adds
 #              one call: see BENCHMARKS.md)
 #   fixed      the same with a fixed window
-#   batch      benches/decide_batch_prototype.lua: the sliding window's
-#              decisions that one connection has in flight (CLIENTS'
-#              pipeline) in one call, whatever their identities; a
-#              prototype the store does not run
+#   batch      the store's batch.lua: the sliding window's decisions that
+#              one connection has in flight (CLIENTS' pipeline) in one
+#              call, whatever their identities, as coalesce.rs sends them
 #   function   benches/decide_function_prototype.py: the sliding window's
 #              decide.lua as a Redis Functions library (FCALL), so that the
 #              algorithms' functions are built once rather than on every
@@ -98,13 +97,17 @@ for part in $parts; do
   cat "$decide/$part.lua"
   echo
 done | "$work/lua_filter" >"$work/decide.lua"
-# The batch prototype: prelude.lua, then the prototype with sliding_window.lua
-# where its marker is.
+# batch.lua as build.rs assembles it: prelude.lua, clock.lua, then
+# decide/batch.lua with the algorithms it decides where its marker is.
 {
   cat "$decide/prelude.lua" "$decide/clock.lua"
   echo
-  sed -e "/^-- @@ sliding_window @@\$/r $decide/sliding_window.lua" -e '/^-- @@ sliding_window @@$/d' \
-    benches/decide_batch_prototype.lua
+  python3 - "$decide" <<'PY'
+import sys
+d = sys.argv[1]
+parts = "".join(open(f"{d}/{n}.lua").read() + "\n" for n in ("sliding_window", "fixed_window", "token_bucket"))
+print(open(f"{d}/batch.lua").read().replace("-- @@ algorithms @@\n", parts, 1))
+PY
 } | "$work/lua_filter" >"$work/batch.lua"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -12,8 +12,9 @@ Usage: redis_load.py PORT PATTERN FIRST COUNT [options]
            (the store's local time mode; Redis TIME costs one more call)
            function NAME: the same decision as `sliding` by FCALL of the
            library benches/decide_function_prototype.py makes
-           batch SHA: benches/decide_batch_prototype.lua, each
-           connection's PIPELINE decisions in one call (the sliding limit)
+           batch SHA: the store's batch.lua, each connection's PIPELINE
+           decisions in one call, a run of one request per key (the
+           sliding limit)
            incumbent: envoyproxy/ratelimit's per-descriptor pattern,
            INCRBY key 1 and EXPIRE key 3600, pipelined together
   FIRST    the first decision's number (decisions before it were sent by
@@ -113,12 +114,13 @@ def main():
                 replies += r
                 n += 1
             if batch and a.pattern[0] == "batch":
-                # One call carrying them all: keys, then the first's
-                # arguments, then the others' weights.
+                # One call carrying them all, as the store sends batch.lua:
+                # now, the algorithm codes, then per key its limit, one
+                # request and its weight.
                 keys = [key for key, _, _ in batch]
                 _, now, limit = batch[0]
-                weights = [1] * (len(keys) - 1)
-                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, "all", 0, 1, 1, *limit, *weights))
+                runs = [arg for _ in keys for arg in (*limit, 1, 1)]
+                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, "0", *runs))
                 pending.append((f, 1))
             elif batch:
                 c.sendall(b"".join(batch))
