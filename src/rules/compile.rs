@@ -32,30 +32,45 @@ pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 /// 3.4 GB. Ordinary files stay far below (40,000 rules: about 12 MB).
 pub const MAX_PATH_BYTES: usize = 32 * 1024 * 1024;
 
-/// Adds a compiled domain to the set being built, or an error when a domain
-/// of that name came earlier (from the source labelled in `seen`). The one
-/// rule for duplicates, whether the domains come from files or from xDS.
-pub(crate) fn add_domain(
-    domain: Domain,
-    label: String,
-    seen: &mut HashMap<String, String>,
-    domains: &mut Vec<Domain>,
-    errors: &mut Vec<ConfigError>,
-) {
-    match seen.get(&domain.name) {
-        Some(first) => errors.push(ConfigError {
-            file: label,
-            line: domain.line,
-            path: domain.name.clone(),
-            message: format!(
-                "duplicate domain '{}' (already defined in {first})",
-                domain.name
-            ),
-        }),
-        None => {
-            seen.insert(domain.name.clone(), label);
-            domains.push(domain);
+/// The rule set of compiled sources, each with the label its errors name,
+/// after the `errors` found before compiling (unreadable files): every
+/// error, or every domain. A domain whose name came earlier is an error
+/// naming the source that had it first: the one rule for duplicates,
+/// whether the domains come from files or from xDS.
+pub(super) fn rule_set(
+    sources: impl IntoIterator<Item = (String, Result<Domain, Vec<ConfigError>>)>,
+    mut errors: Vec<ConfigError>,
+) -> Result<RuleSet, Vec<ConfigError>> {
+    let mut domains = Vec::new();
+    let mut seen: HashMap<String, String> = HashMap::new();
+    for (label, compiled) in sources {
+        let domain = match compiled {
+            Ok(domain) => domain,
+            Err(errs) => {
+                errors.extend(errs);
+                continue;
+            }
+        };
+        match seen.get(&domain.name) {
+            Some(first) => errors.push(ConfigError {
+                file: label,
+                line: domain.line,
+                path: domain.name.clone(),
+                message: format!(
+                    "duplicate domain '{}' (already defined in {first})",
+                    domain.name
+                ),
+            }),
+            None => {
+                seen.insert(domain.name.clone(), label);
+                domains.push(domain);
+            }
         }
+    }
+    if errors.is_empty() {
+        Ok(RuleSet::from_domains(domains))
+    } else {
+        Err(errors)
     }
 }
 
@@ -109,20 +124,11 @@ pub fn parse_domain(file: &str, bytes: &[u8]) -> Result<Domain, Vec<ConfigError>
 pub fn compile_trees(
     trees: impl IntoIterator<Item = (String, Yaml)>,
 ) -> Result<RuleSet, Vec<ConfigError>> {
-    let mut errors = Vec::new();
-    let mut domains = Vec::new();
-    let mut seen = HashMap::new();
-    for (label, tree) in trees {
-        match compile_documents(&label, &[tree]) {
-            Ok(domain) => add_domain(domain, label, &mut seen, &mut domains, &mut errors),
-            Err(errs) => errors.extend(errs),
-        }
-    }
-    if errors.is_empty() {
-        Ok(RuleSet::from_domains(domains))
-    } else {
-        Err(errors)
-    }
+    let sources = trees.into_iter().map(|(label, tree)| {
+        let compiled = compile_documents(&label, &[tree]);
+        (label, compiled)
+    });
+    rule_set(sources, Vec::new())
 }
 
 /// Compiles the documents of one rules source (exactly one is expected) into

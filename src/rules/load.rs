@@ -3,12 +3,12 @@
 //! the domains they compile to. The compiler (`compile.rs`) sees bytes,
 //! never the file system.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::compile::{MAX_FILE_BYTES, add_domain, file_error, parse_domain};
-use super::{ConfigError, Domain, RuleSet};
+use super::compile::{MAX_FILE_BYTES, file_error, parse_domain, rule_set};
+use super::{ConfigError, RuleSet};
 
 /// Loads every file named, and every `*.yaml`/`*.yml` file anywhere below
 /// every directory named (like envoyproxy/ratelimit's loader, which walks the
@@ -24,31 +24,19 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<RuleSet, Vec<ConfigError>> {
         files.extend(list_files(path, &mut errors));
     }
     let mut loaded = HashSet::new();
-    let mut domains: Vec<Domain> = Vec::new();
-    let mut seen: HashMap<String, String> = HashMap::new();
-    for file in files {
-        // The same file named twice would otherwise be a duplicate of itself.
-        if !loaded.insert(fs::canonicalize(&file).unwrap_or_else(|_| file.clone())) {
-            continue;
-        }
+    // The same file named twice would otherwise be a duplicate of itself.
+    let unique = files
+        .into_iter()
+        .filter(|file| loaded.insert(fs::canonicalize(file).unwrap_or_else(|_| file.clone())));
+    let sources = unique.map(|file| {
         let label = file.display().to_string();
-        let bytes = match read_capped(&file) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                errors.push(file_error(&label, format!("cannot read: {e}")));
-                continue;
-            }
+        let compiled = match read_capped(&file) {
+            Ok(bytes) => parse_domain(&label, &bytes),
+            Err(e) => Err(vec![file_error(&label, format!("cannot read: {e}"))]),
         };
-        match parse_domain(&label, &bytes) {
-            Ok(domain) => add_domain(domain, label, &mut seen, &mut domains, &mut errors),
-            Err(errs) => errors.extend(errs),
-        }
-    }
-    if errors.is_empty() {
-        Ok(RuleSet::from_domains(domains))
-    } else {
-        Err(errors)
-    }
+        (label, compiled)
+    });
+    rule_set(sources, errors)
 }
 
 /// The file's bytes, reading no more than one byte past [`MAX_FILE_BYTES`]
