@@ -115,12 +115,12 @@ def main():
                 n += 1
             if batch and a.pattern[0] == "batch":
                 # One call carrying them all, as the store sends batch.lua:
-                # now, the algorithm codes, then per key its limit, one
-                # request and its weight.
+                # now, the algorithm codes, the one limit, then per key the
+                # limit's number, one request and its weight.
                 keys = [key for key, _, _ in batch]
                 _, now, limit = batch[0]
-                runs = [arg for _ in keys for arg in (*limit, 1, 1)]
-                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, "0", *runs))
+                runs = [arg for _ in keys for arg in (1, 1, 1)]
+                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, "0", 1, *limit, *runs))
                 pending.append((f, 1))
             elif batch:
                 c.sendall(b"".join(batch))

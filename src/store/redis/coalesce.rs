@@ -42,7 +42,10 @@ use tokio::sync::oneshot;
 
 use super::call::{Called, Owed, RECONCILE_WAIT, Shared, Target, Waiting};
 use super::node::Eval;
-use super::wire::{Answer, RUN_ARGS, RunReply, batch_algorithms, push_head, push_run, runs};
+use super::wire::{
+    Answer, RunReply, batch_algorithms, batch_args, batch_limits, push_head, push_limits, push_run,
+    runs,
+};
 use crate::limiter::{Algorithm, Counting, LimitSpec, Role, admits};
 use crate::store::{BatchItem, BatchOutcome, StoreError};
 
@@ -382,18 +385,16 @@ fn batch_eval(calls: &Shared, slot: u16, members: &[Waiter], lens: &[usize]) -> 
     };
     let keys = firsts().map(|m| m.request.key.as_str());
     let algorithms = batch_algorithms(firsts().map(|m| &m.request.limit));
-    let args = 2 + RUN_ARGS * lens.len() + members.len();
+    let (limits, limit_of) = batch_limits(firsts().map(|m| &m.request.limit));
+    let args = 2 + batch_args(limits.len(), lens.len(), members.len());
     let mut eval = Eval::new(&calls.batch, keys.collect::<Vec<_>>(), slot, args);
     push_head(&mut eval.cmd, calls.script_now(), algorithms);
+    push_limits(&mut eval.cmd, &limits);
     let mut rest = members;
-    for &n in lens {
+    for (&n, limit) in lens.iter().zip(limit_of) {
         let (run, next) = rest.split_at(n);
         rest = next;
-        push_run(
-            &mut eval.cmd,
-            &run[0].request.limit,
-            run.iter().map(|m| m.request.hits),
-        );
+        push_run(&mut eval.cmd, limit, run.iter().map(|m| m.request.hits));
     }
     eval
 }

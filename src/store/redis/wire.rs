@@ -183,17 +183,46 @@ pub(super) fn batch_algorithms<'a>(limits: impl Iterator<Item = &'a LimitSpec>) 
     }
 }
 
-/// Arguments batch.lua takes per run, besides its weights.
-pub(super) const RUN_ARGS: usize = LIMIT_ARGS + 1;
+/// The distinct limits of a batch.lua call's runs, each listed once, and
+/// for each run the number batch.lua names its limit by (1 for the first).
+pub(super) fn batch_limits<'a>(
+    limits: impl Iterator<Item = &'a LimitSpec>,
+) -> (Vec<[i64; LIMIT_ARGS]>, Vec<usize>) {
+    let mut distinct: Vec<[i64; LIMIT_ARGS]> = Vec::new();
+    let of_run = limits
+        .map(|limit| {
+            let args = limit_args(limit);
+            match distinct.iter().position(|d| *d == args) {
+                Some(at) => at + 1,
+                None => {
+                    distinct.push(args);
+                    distinct.len()
+                }
+            }
+        })
+        .collect();
+    (distinct, of_run)
+}
 
-/// batch.lua's arguments for one run (one key and limit): the limit, the
-/// number of requests, and their weights in order.
-pub(super) fn push_run(
-    cmd: &mut Cmd,
-    limit: &LimitSpec,
-    weights: impl ExactSizeIterator<Item = u64>,
-) {
-    cmd.arg(&limit_args(limit)[..]).arg(weights.len());
+/// Arguments batch.lua takes for `limits` distinct limits and `runs` runs
+/// of `requests` requests in all, besides its head (see `push_head`).
+pub(super) const fn batch_args(limits: usize, runs: usize, requests: usize) -> usize {
+    1 + LIMIT_ARGS * limits + 2 * runs + requests
+}
+
+/// batch.lua's list of distinct limits: how many, then each one's arguments.
+pub(super) fn push_limits(cmd: &mut Cmd, limits: &[[i64; LIMIT_ARGS]]) {
+    cmd.arg(limits.len());
+    for limit in limits {
+        cmd.arg(&limit[..]);
+    }
+}
+
+/// batch.lua's arguments for one run (one key and limit): its limit's
+/// number (see `batch_limits`), the number of requests, and their weights
+/// in order.
+pub(super) fn push_run(cmd: &mut Cmd, limit: usize, weights: impl ExactSizeIterator<Item = u64>) {
+    cmd.arg(limit).arg(weights.len());
     for weight in weights {
         cmd.arg(hits(weight));
     }

@@ -15,8 +15,11 @@ ARGV[1]   now, as decide.lua takes it ("" reads Redis TIME).
 ARGV[2]   the algorithm codes the runs use ("0", "02", ...: 0 sliding
           window, 1 fixed window, 2 token bucket), so that only their
           functions are built.
-Then per run: requests, duration_ms, algorithm, param (as decide.lua
-takes a limit), n, and the n requests' weights.
+ARGV[3]   how many distinct limits the runs count on; then each limit once,
+          as decide.lua takes a limit (requests, duration_ms, algorithm,
+          param).
+Then per run: its limit (1 for the first listed, ...), n, and the n
+requests' weights.
 
 Each run is decided as decide.lua decides one coalesced call: each request
 in turn, as if every earlier admitted one were counted (what separate calls
@@ -27,6 +30,12 @@ wrote.
 Reply, per run: used (before the run), reset, full, slot (after it, as
 decide.lua's), then per request 1 if it was over (not admitted), 0 if
 counted.
+
+Cost: what depends only on a limit and now (its numbers, the prefix and
+names of its fields, the state's constants) is made once per limit, not per
+run: runs of one limit copy the field names of the run before ('again').
+A table's array part is sized when it is made (a slot past it costs a hash
+insert and a rehash: callgrind, see BENCHMARKS.md).
 ]]
 
 
@@ -36,25 +45,56 @@ local uses_fixed = algs:find('1', 1, true) ~= nil
 local uses_bucket = algs:find('2', 1, true) ~= nil
 -- @@ algorithms @@
 
-local reply, r, a = {}, 0, 3
+-- The limits, by the number the runs name them with (as ARGV has it, so
+-- that a run's is looked up without parsing it), and each one's algorithm.
+local limits, alg_of, a = {}, {}, 4
+for j = 1, ARGV[3] + 0 do
+  local code = ARGV[a + 2]
+  local l = {
+    [L_ITEM] = false, [L_STATE] = false, [L_REQUESTS] = ARGV[a] + 0, [L_DURATION] = ARGV[a + 1] + 0,
+    [L_ARG] = a,
+  }
+  limits[fmt('%d', j)] = l
+  alg_of[l] = code == '0' and sliding_window or code == '1' and fixed_window or token_bucket
+  a = a + 4
+end
+
+-- Runs take 2 arguments and answer 4 values besides one per request: the
+-- reply has #ARGV - a + 1 + 2 * #KEYS values, its slots made at once.
+local reply, r = { unpack(KEYS, 1, #ARGV - a + 1 + 2 * #KEYS) }, 0
 for i = 1, #KEYS do
-  local key, code, n = KEYS[i], ARGV[a + 2], ARGV[a + 4] + 0
-  local alg = code == '0' and sliding_window or code == '1' and fixed_window or token_bucket
-  -- Records as decide.lua's single path makes them (see prelude.lua).
-  local k = { key, 1, 0, false, 0, 0, 1, 'x', false, false, false, false, false, false, false, false, false }
-  local l = { false, false, ARGV[a] + 0, ARGV[a + 1] + 0, a }
-  local st = alg('new', k, l, alg('prefix', ARGV[a + 1], ARGV[a + 3]))
-  local v = call('HMGET', key, unpack(k, 8, 7 + k[2]))
-  k[6] = v[1]
+  local key, l, n = KEYS[i], limits[ARGV[a]], ARGV[a + 1] + 0
+  local alg, before, k, st = alg_of[l], l[L_STATE], nil, nil
+  -- Records as decide.lua's single path makes them (see prelude.lua: 16
+  -- slots after K_FIELDS).
+  if before then
+    -- The limit's fields have the names of the run before.
+    local names = before[S_KEY]
+    k = {
+      [K_NAME] = key, [K_READS] = names[K_READS], [K_WRITES] = 0, [K_DELETES] = false, [K_UNTIL] = 0,
+      [K_STORED] = 0, [K_FIRST] = 1, [K_FIELDS] = 'x', unpack(names, K_FIELDS + 1, K_FIELDS + 16),
+    }
+    st = alg('again', before, k)
+  else
+    k = {
+      [K_NAME] = key, [K_READS] = 1, [K_WRITES] = 0, [K_DELETES] = false, [K_UNTIL] = 0,
+      [K_STORED] = 0, [K_FIRST] = 1, [K_FIELDS] = 'x',
+      false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+    }
+    st = alg('new', k, l, alg('prefix', ARGV[l[L_ARG] + 1], ARGV[l[L_ARG] + 3]))
+  end
+  l[L_STATE] = st
+  local v = call('HMGET', key, unpack(k, K_FIELDS, K_FIELDS - 1 + k[K_READS]))
+  k[K_STORED] = v[1]
   local loaded = alg('load', st, nil, v)
   local used = loaded or alg('used', st, l)
   reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, 0, 0, -1
   local counted = 0
   for m = 1, n do
-    local h = ARGV[a + 4 + m] + 0
+    local h = ARGV[a + 1 + m] + 0
     local fits
     if loaded then
-      fits = used + counted + h <= l[3]
+      fits = used + counted + h <= l[L_REQUESTS]
     else
       fits = alg('fits', st, l, counted + h)
     end
@@ -66,25 +106,25 @@ for i = 1, #KEYS do
   if counted > 0 then
     local slot, until_ms = alg('add', st, l, counted)
     reply[r + 4] = slot
-    if until_ms > k[5] then
-      k[5] = until_ms
+    if until_ms > k[K_UNTIL] then
+      k[K_UNTIL] = until_ms
     end
   end
   reply[r + 2], reply[r + 3] = alg('report', st, l)
 
   -- decide.lua's writes (see the end of driver.lua), for this key.
-  if k[4] then
-    call('HDEL', key, unpack(k[4]))
+  if k[K_DELETES] then
+    call('HDEL', key, unpack(k[K_DELETES]))
   end
-  local extend = k[5] > 0 and k[5] + 1000 > (k[6] or 0) + 0
+  local extend = k[K_UNTIL] > 0 and k[K_UNTIL] + 1000 > (k[K_STORED] or 0) + 0
   local at, xs
   if extend then
-    at = k[5] + 1000 + floor((k[5] - now) / 2)
+    at = k[K_UNTIL] + 1000 + floor((k[K_UNTIL] - now) / 2)
     xs = fmt('%d', at)
     write(k, 'x', xs)
   end
-  if k[3] > 0 then
-    call('HSET', key, unpack(k, 8 + k[2], 7 + k[2] + k[3]))
+  if k[K_WRITES] > 0 then
+    call('HSET', key, unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
   end
   if extend then
     if ARGV[1] == '' then
@@ -93,6 +133,6 @@ for i = 1, #KEYS do
       call('PEXPIRE', key, fmt('%d', at - now))
     end
   end
-  r, a = r + 4 + n, a + 5 + n
+  r, a = r + 4 + n, a + 2 + n
 end
 return reply

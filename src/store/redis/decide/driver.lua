@@ -28,7 +28,8 @@ if single then
   only = {
     [K_NAME] = KEYS[1], [K_READS] = 1, [K_WRITES] = 0, [K_DELETES] = false, [K_UNTIL] = 0,
     [K_STORED] = 0, [K_FIRST] = 1, [K_FIELDS] = 'x',
-    false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false,
   }
   local l = {
     [L_ITEM] = false, [L_STATE] = false, [L_REQUESTS] = ARGV[6] + 0, [L_DURATION] = ARGV[7] + 0,

@@ -74,7 +74,11 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
   K_UNTIL     until when the HASH must live (ms), 0 if that has not moved
   K_STORED    until when it lives ("x", as read)
   K_FIRST     the first item on it (its HMGET and writes run once, there)
-  K_FIELDS    the first field name it reads: "x"; the others follow
+  K_FIELDS    the first field name it reads: "x"; the others follow,
+              then the names and values its HSET writes. A key record of
+              one state is made with 16 slots after this one, room for both
+              (a slot past a table's array part costs a hash insert and a
+              rehash)
 ]]
 
 --[[ layout item: one per KEYS entry
@@ -115,6 +119,10 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 --   'new'   st = key record, l = the first limit counted on it, x = prefix:
 --           a new state whose fields are appended to the key's HMGET
 --           (S_AT: how many names come before them)
+--   'again' batch.lua's: st = the state of a key counted on the same limit
+--           (same prefix, same now), l = another key record, into which
+--           the caller copied st's key's field names: a state for it, as
+--           'new' would make, without making the names again
 --   'load'  x = that HMGET's reply: the state as stored, brought to `now`
 --           (what left the window forgotten); returns what is in use, or
 --           nil when that depends on the limit
