@@ -33,7 +33,7 @@ counted.
 
 Cost: what depends only on a limit and now (its numbers, the prefix and
 names of its fields, the state's constants) is made once per limit, not per
-run: runs of one limit copy the field names of the run before ('again').
+run: a run takes over the records of its limit's run before ('again').
 A table's array part is sized when it is made (a slot past it costs a hash
 insert and a rehash: callgrind, see BENCHMARKS.md).
 ]]
@@ -68,13 +68,11 @@ for i = 1, #KEYS do
   -- Records as decide.lua's single path makes them (see prelude.lua: 16
   -- slots after K_FIELDS).
   if before then
-    -- The limit's fields have the names of the run before.
-    local names = before[S_KEY]
-    k = {
-      [K_NAME] = key, [K_READS] = names[K_READS], [K_WRITES] = 0, [K_DELETES] = false, [K_UNTIL] = 0,
-      [K_STORED] = 0, [K_FIRST] = 1, [K_FIELDS] = 'x', unpack(names, K_FIELDS + 1, K_FIELDS + 16),
-    }
-    st = alg('again', before, k)
+    -- The records of the limit's run before, for this key: its fields have
+    -- the same names.
+    k = before[S_KEY]
+    k[K_NAME], k[K_WRITES], k[K_DELETES], k[K_UNTIL], k[K_STORED] = key, 0, false, 0, 0
+    st = alg('again', before)
   else
     k = {
       [K_NAME] = key, [K_READS] = 1, [K_WRITES] = 0, [K_DELETES] = false, [K_UNTIL] = 0,

@@ -56,20 +56,18 @@ fixed_window = uses_fixed and function(op, st, l, x)
     write(st[S_KEY], st[S_PREFIX] .. 'w', fmt('%d', st[FW_STORED]))
     write(st[S_KEY], st[S_PREFIX] .. 'c', fmt('%d', st[FW_HITS]))
     return st[FW_HITS]
-  elseif op == 'new' or op == 'again' then
-    local k, n, f, d
-    if op == 'again' then
-      k, n, f, d = l, st[S_AT], st[S_PREFIX], st[FW_DURATION]
-    else
-      k, n, f, d = st, st[K_READS], x, l[L_DURATION]
-      local at = K_FIELDS - 1 + n
-      k[at + FWF_WINDOW], k[at + FWF_HITS] = x .. 'w', x .. 'c'
-      k[K_READS] = n + FWF_HITS -- its last field
-    end
+  elseif op == 'again' then
+    st[S_USED], st[S_PENDING], st[S_FIRST], st[FW_STORED], st[FW_HITS] = 0, 0, 0, false, 0
+    return st
+  elseif op == 'new' then
+    local k, n = st, st[K_READS]
+    local at = K_FIELDS - 1 + n
+    k[at + FWF_WINDOW], k[at + FWF_HITS] = x .. 'w', x .. 'c'
+    k[K_READS] = n + FWF_HITS -- its last field
     return {
       [S_ALG] = fixed_window, [S_KEY] = k, [S_AT] = n, [S_USED] = 0, [S_PENDING] = 0,
-      [S_FIRST] = 0, [S_PREFIX] = f, [FW_DURATION] = d,
-      [FW_NOW] = math.floor(now / d), [FW_STORED] = false, [FW_HITS] = 0,
+      [S_FIRST] = 0, [S_PREFIX] = x, [FW_DURATION] = l[L_DURATION],
+      [FW_NOW] = math.floor(now / l[L_DURATION]), [FW_STORED] = false, [FW_HITS] = 0,
     }
   elseif op == 'prefix' then
     return st .. ':f:'

@@ -176,24 +176,23 @@ sliding_window = uses_sliding and function(op, st, l, x)
       return reset, math.max(o * p + d - now, 0)
     end
     return reset, 0
-  elseif op == 'new' or op == 'again' then
-    local k, n, f, d, p, oldest, cur, sc
-    if op == 'again' then
-      k, n, f, d, p = l, st[S_AT], st[S_PREFIX], st[SW_DURATION], st[SW_PRECISION]
-      oldest, cur, sc = st[SW_OLDEST], st[SW_CUR], st[SW_CUR_TEXT]
-    else
-      k, n, f, d = st, st[K_READS], x, l[L_DURATION]
-      p = ARGV[l[L_ARG] + 3] + 0
-      oldest, cur = math.floor((now - d) / p), math.floor(now / p)
-      local at = K_FIELDS - 1 + n
-      k[at + SWF_TOTAL], k[at + SWF_LOW], k[at + SWF_HIGH] = x .. 't', x .. 'o', x .. 'n'
-      sc = fmt('%d', cur)
-      k[at + SWF_OLDEST], k[at + SWF_CUR] = x .. fmt('%d', oldest), x .. sc
-      k[K_READS] = n + SWF_CUR -- its last field
-    end
+  elseif op == 'again' then
+    st[S_USED], st[S_PENDING], st[S_FIRST], st[SW_TOTAL] = 0, 0, 0, 0
+    st[SW_LOW], st[SW_HIGH], st[SW_OLDEST_HITS], st[SW_CUR_HITS], st[SW_OTHERS] = false, false, false, false, false
+    return st
+  elseif op == 'new' then
+    local k, d = st, l[L_DURATION]
+    local p = ARGV[l[L_ARG] + 3] + 0
+    local oldest, cur = math.floor((now - d) / p), math.floor(now / p)
+    local n = k[K_READS]
+    local at = K_FIELDS - 1 + n
+    k[at + SWF_TOTAL], k[at + SWF_LOW], k[at + SWF_HIGH] = x .. 't', x .. 'o', x .. 'n'
+    local sc = fmt('%d', cur)
+    k[at + SWF_OLDEST], k[at + SWF_CUR] = x .. fmt('%d', oldest), x .. sc
+    k[K_READS] = n + SWF_CUR -- its last field
     return {
       [S_ALG] = sliding_window, [S_KEY] = k, [S_AT] = n, [S_USED] = 0, [S_PENDING] = 0,
-      [S_FIRST] = 0, [S_PREFIX] = f, [SW_DURATION] = d, [SW_PRECISION] = p,
+      [S_FIRST] = 0, [S_PREFIX] = x, [SW_DURATION] = d, [SW_PRECISION] = p,
       [SW_OLDEST] = oldest, [SW_CUR] = cur, [SW_TOTAL] = 0, [SW_LOW] = false, [SW_HIGH] = false,
       [SW_OLDEST_HITS] = false, [SW_CUR_HITS] = false, [SW_OTHERS] = false, [SW_CUR_TEXT] = sc,
     }

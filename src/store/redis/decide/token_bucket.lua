@@ -128,19 +128,18 @@ token_bucket = uses_bucket and function(op, st, l, x)
     local i = st[S_AT]
     st[TB_ARRIVAL], st[TB_REST] = (x[i + TBF_ARRIVAL] or 0) + 0, (x[i + TBF_REST] or 0) + 0
     return nil -- in use: per limit, see 'used'
-  elseif op == 'new' or op == 'again' then
-    local k, n, f, burst
-    if op == 'again' then
-      k, n, f, burst = l, st[S_AT], st[S_PREFIX], st[TB_BURST]
-    else
-      k, n, f, burst = st, st[K_READS], x, ARGV[l[L_ARG] + 3] + 0
-      local at = K_FIELDS - 1 + n
-      k[at + TBF_ARRIVAL], k[at + TBF_REST] = x .. 'a', x .. 'r'
-      k[K_READS] = n + TBF_REST -- its last field
-    end
+  elseif op == 'again' then
+    st[S_USED], st[S_PENDING], st[S_FIRST], st[TB_ARRIVAL], st[TB_REST] = 0, 0, 0, 0, 0
+    return st
+  elseif op == 'new' then
+    local k, n = st, st[K_READS]
+    local at = K_FIELDS - 1 + n
+    k[at + TBF_ARRIVAL], k[at + TBF_REST] = x .. 'a', x .. 'r'
+    k[K_READS] = n + TBF_REST -- its last field
     return {
       [S_ALG] = token_bucket, [S_KEY] = k, [S_AT] = n, [S_USED] = 0, [S_PENDING] = 0,
-      [S_FIRST] = 0, [S_PREFIX] = f, [TB_BURST] = burst, [TB_ARRIVAL] = 0, [TB_REST] = 0,
+      [S_FIRST] = 0, [S_PREFIX] = x, [TB_BURST] = ARGV[l[L_ARG] + 3] + 0,
+      [TB_ARRIVAL] = 0, [TB_REST] = 0,
     }
   elseif op == 'prefix' then
     return st .. ':b' .. l .. ':'
