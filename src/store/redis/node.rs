@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use super::dial::{DialError, Dialer, Place, refusal};
+use super::wire;
 use crate::store::{Circuit, StoreError};
 
 /// A node's name in messages and metrics: `host:port`, or the URL (without
@@ -288,7 +289,7 @@ impl Node {
             // Demoted to a replica: dialling again finds the primary.
             line.replace.notify_waiters();
         }
-        match result.and_then(|reply| Vec::<i64>::from_redis_value(reply).map_err(Into::into)) {
+        match result.and_then(|reply| wire::script_reply(reply).map_err(Into::into)) {
             Ok(reply) => Sent::Reply(reply),
             Err(e) => match Redirect::parse(&error_text(&e)) {
                 Some(redirect) => Sent::Redirect(redirect),

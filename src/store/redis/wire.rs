@@ -1,7 +1,7 @@
 //! The scripts' wire format on the Rust side: every argument passed to
 //! decide.lua, batch.lua and refund.lua, and how their replies read.
 
-use redis::Cmd;
+use redis::{Cmd, FromRedisValue, ParsingError, Value};
 
 use crate::limiter::{Algorithm, Counting, LimitSpec, Role};
 use crate::store::{BatchItem, LimitOutcome, counted_used};
@@ -228,6 +228,22 @@ pub(super) fn push_run(cmd: &mut Cmd, limit: usize, weights: impl ExactSizeItera
     }
 }
 
+/// A script's reply as integers: an array of them (decide.lua,
+/// refund.lua), or one string of them packed as little-endian 8-byte
+/// integers (batch.lua's, see its header).
+pub(super) fn script_reply(value: Value) -> Result<Vec<i64>, ParsingError> {
+    match value {
+        Value::BulkString(bytes) => {
+            let (packed, rest) = bytes.as_chunks::<8>();
+            if !rest.is_empty() {
+                return Err(format!("a packed reply of {} bytes", bytes.len()).into());
+            }
+            Ok(packed.iter().map(|b| i64::from_le_bytes(*b)).collect())
+        }
+        other => Vec::<i64>::from_redis_value(other),
+    }
+}
+
 /// Values batch.lua answers per run, besides one per request.
 const RUN_REPLY: usize = 4;
 
@@ -273,4 +289,26 @@ pub(super) fn runs<'a>(
         })
         .collect();
     Some(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_packed_reply_reads_as_its_little_endian_integers() {
+        let mut bytes = Vec::new();
+        for v in [7_i64, -1, 9_007_199_254_740_991] {
+            bytes.extend(v.to_le_bytes());
+        }
+        let reply = script_reply(Value::BulkString(bytes)).expect("packed");
+        assert_eq!(reply, [7, -1, 9_007_199_254_740_991]);
+    }
+
+    #[test]
+    fn a_packed_reply_cut_short_is_refused_and_an_array_still_reads() {
+        assert!(script_reply(Value::BulkString(vec![0; 12])).is_err());
+        let array = Value::Array(vec![Value::Int(3), Value::Int(-1)]);
+        assert_eq!(script_reply(array).expect("array"), [3, -1]);
+    }
 }
