@@ -138,19 +138,18 @@ impl Weight {
 /// hit when all weigh the same; and that its counter holds what was
 /// admitted.
 async fn check_counter(store: &RedisStore, counter: &Counter, answers: &[(u64, BatchOutcome)]) {
-    let name = &counter.name;
-    let algorithm = counter.limit.window.algorithm;
-    let admitted = decided_in_turn(LIMIT, answers);
+    let what = format!("{} ({})", counter.name, counter.limit.window.algorithm);
+    let admitted = decided_in_turn(&what, LIMIT, answers);
     if let Weight::Each(w) = counter.weight {
-        assert_eq!(admitted, LIMIT, "{name} ({algorithm}, weight {w})");
+        assert_eq!(admitted, LIMIT, "{what}, weight {w}");
     }
     let read = store
-        .apply(&batch(name, counter.limit, 0))
+        .apply(&batch(&counter.name, counter.limit, 0))
         .await
         .expect("read");
     assert_eq!(
         read.limits[0].used, admitted,
-        "{name} ({algorithm}): the counter holds what was told"
+        "{what}: the counter holds what was told"
     );
 }
 
