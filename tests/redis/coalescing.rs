@@ -65,7 +65,7 @@ async fn wait_for_one_call(store: &RedisStore, waiting: usize) {
 }
 
 /// Polls until the store coalesces `want`.
-async fn wait_for(store: &RedisStore, want: Coalescing) {
+pub(crate) async fn wait_for(store: &RedisStore, want: Coalescing) {
     eventually_async(&format!("coalescing {want:?}"), async || {
         let now = store.coalescing();
         (now == want).then_some(()).ok_or(format!("{now:?}"))
@@ -73,11 +73,12 @@ async fn wait_for(store: &RedisStore, want: Coalescing) {
     .await;
 }
 
-/// Checks that `answers` (weight, outcome) are what deciding the requests
-/// one at a time in some order gives: the admitted ones' counters chain
-/// from empty, each seeing the one before it, and each refused one saw a
-/// counter its weight did not fit. Returns the hits admitted.
-fn decided_in_turn(answers: &[(u64, BatchOutcome)]) -> u64 {
+/// Checks that `answers` (weight, outcome) of counter `name` are what
+/// deciding the requests one at a time in some order gives: the admitted ones' counters chain
+/// from empty, each seeing the one before it, none past `limit`, and each
+/// refused one saw a counter its weight did not fit. Returns the hits
+/// admitted.
+pub(crate) fn decided_in_turn(name: &str, limit: u64, answers: &[(u64, BatchOutcome)]) -> u64 {
     let mut chain: Vec<(u64, u64)> = answers
         .iter()
         .filter(|(_, o)| o.admitted)
@@ -88,20 +89,23 @@ fn decided_in_turn(answers: &[(u64, BatchOutcome)]) -> u64 {
     for (before, after) in chain {
         assert_eq!(
             before, counter,
-            "an admitted request saw a counter no earlier one left"
+            "{name}: an admitted request saw a counter no earlier one left"
         );
         counter = after;
     }
     assert!(
-        counter <= LIMIT,
-        "{counter} hits admitted over a limit of {LIMIT}"
+        counter <= limit,
+        "{name}: {counter} hits admitted over a limit of {limit}"
     );
     for (hits, outcome) in answers.iter().filter(|(_, o)| !o.admitted) {
         let used = outcome.limits[0].used;
-        assert!(outcome.limits[0].over, "refused but not over: {outcome:?}");
         assert!(
-            used <= counter && used + hits > LIMIT,
-            "a weight of {hits} refused at {used} of {LIMIT}"
+            outcome.limits[0].over,
+            "{name}: refused but not over: {outcome:?}"
+        );
+        assert!(
+            used <= counter && used + hits > limit,
+            "{name}: a weight of {hits} refused at {used} of {limit}"
         );
     }
     counter
@@ -158,7 +162,7 @@ async fn a_hot_counter_shares_calls_and_decides_each_request_in_turn() {
             "{name}"
         );
         // Weights of 1 keep coming until the limit is full to the hit.
-        let admitted = decided_in_turn(&answers);
+        let admitted = decided_in_turn(&name, LIMIT, &answers);
         assert_eq!(admitted, LIMIT, "{name}");
         let read = store.apply(&batch(&name, limit, 0)).await.expect("read");
         assert_eq!(
@@ -245,7 +249,7 @@ async fn requests_of_many_identities_share_calls_and_each_counter_decides_in_tur
         1 + (REQUESTS as u64 - 1).div_ceil(64)
     );
     for (c, answers) in per_counter.iter().enumerate() {
-        let admitted = decided_in_turn(answers);
+        let admitted = decided_in_turn(&format!("id{c}"), LIMIT, answers);
         let limit = limits[c % 3];
         let read = store
             .apply(&batch(&format!("id{c}"), limit, 0))

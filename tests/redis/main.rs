@@ -1,12 +1,13 @@
 //! The Redis store against real `redis-server` processes and Redis Clusters
 //! started by the harness (`support::redis`): the service over Redis, faults
-//! of a single server and of a Cluster, coalescing, the ways to connect (TLS,
-//! unix socket, Sentinel), the harness itself, and the numbering of the
-//! scripts' records (`lua_build`).
+//! of a single server and of a Cluster, coalescing, batching across
+//! identities, the ways to connect (TLS, unix socket, Sentinel), the harness
+//! itself, and the numbering of the scripts' records (`lua_build`).
 
 #[path = "../support/mod.rs"]
 mod support;
 
+mod batching;
 mod cluster_faults;
 mod coalescing;
 mod connections;
