@@ -24,7 +24,8 @@
 //! call carries after its limit, and the slot each write reports for
 //! refund.lua.
 //!
-//! Pure: no IO, no clock, no allocation beyond the reports; time is the
+//! Pure: no IO, no clock, no allocation beyond the reports (none with
+//! [`evaluate_into`], which writes them where the caller says); time is the
 //! `now` argument. The memory store runs it inside its one critical section;
 //! `tests/props/batch.rs` holds it to a naive model and to the algorithms.
 
@@ -104,37 +105,63 @@ pub struct Evaluation {
 /// # Panics
 /// If a limit's `item` or `counter` is out of range.
 pub fn evaluate(items: &[Item], limits: &[Limit], states: &mut [State], now: Millis) -> Evaluation {
-    let mut reports = check(items, limits, states, now);
-    let applied = admitted(items, limits, &reports);
-    count(items, limits, states, &mut reports, applied, now);
+    let mut reports = vec![Report::default(); limits.len()];
+    let applied = evaluate_into(items, limits, states, &mut reports, now);
     Evaluation {
         applied,
         limits: reports,
     }
 }
 
+/// [`evaluate`], writing the reports into `reports` (one per limit) and
+/// returning whether the request was admitted: a caller that keeps the
+/// reports in a buffer of its own (the memory store, on every request)
+/// allocates nothing.
+///
+/// # Panics
+/// If `reports` does not hold one report per limit, or a limit's `item` or
+/// `counter` is out of range.
+pub fn evaluate_into(
+    items: &[Item],
+    limits: &[Limit],
+    states: &mut [State],
+    reports: &mut [Report],
+    now: Millis,
+) -> bool {
+    assert_eq!(reports.len(), limits.len(), "one report per limit");
+    check(items, limits, states, reports, now);
+    let applied = admitted(items, limits, reports);
+    count(items, limits, states, reports, applied, now);
+    applied
+}
+
 /// Pass 1: per limit, the use of its counter at `now`, the weight of earlier
 /// limits of the request on that counter, and whether its own weight does
-/// not fit on top of both. A refund only gives back: never over, and it
-/// adds nothing pending.
-pub fn check(items: &[Item], limits: &[Limit], states: &mut [State], now: Millis) -> Vec<Report> {
-    let mut reports: Vec<Report> = Vec::with_capacity(limits.len());
+/// not fit on top of both, written over `reports` (one per limit). A refund
+/// only gives back: never over, and it adds nothing pending.
+pub fn check(
+    items: &[Item],
+    limits: &[Limit],
+    states: &mut [State],
+    reports: &mut [Report],
+    now: Millis,
+) {
     for (j, limit) in limits.iter().enumerate() {
         let item = &items[limit.item];
         let state = &mut states[limit.counter];
         let used = state.used(&limit.spec, now);
-        let pending = pending_before(items, limits, &reports, j);
+        // Reads only the reports of the limits before `j`, written already.
+        let pending = pending_before(items, limits, reports, j);
         // Saturated: a sum past u64 fits no limit, never wraps.
         let over =
             !item.refund && !state.fits(&limit.spec, now, used, pending.saturating_add(item.hits));
-        reports.push(Report {
+        reports[j] = Report {
             used,
             pending,
             over,
             ..Report::default()
-        });
+        };
     }
-    reports
 }
 
 /// The weight pending on limit `j`'s counter: what the latest earlier limit
@@ -177,9 +204,10 @@ pub fn counting_order<'a>(
     items: &'a [Item],
     limits: &'a [Limit],
 ) -> impl Iterator<Item = usize> + 'a {
-    [true, false].into_iter().flat_map(move |phase| {
-        (0..limits.len()).filter(move |&j| items[limits[j].item].stands() == phase)
-    })
+    let phase = move |stands: bool| {
+        (0..limits.len()).filter(move |&j| items[limits[j].item].stands() == stands)
+    };
+    phase(true).chain(phase(false))
 }
 
 /// Pass 2: gives back each refund (its `used` is then what remains, nothing

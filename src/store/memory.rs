@@ -26,6 +26,7 @@ use std::sync::{Arc, OnceLock};
 use foldhash::fast::RandomState;
 use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::{SmallVec, smallvec};
 
 use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
 use crate::limiter::algorithm::FixedWindow;
@@ -33,6 +34,12 @@ use crate::limiter::{Clock, CounterKey, Identity, LimitSpec, Millis, State, Wind
 use crate::telemetry::metrics::MemoryStoreMetrics;
 
 mod shard;
+
+/// One request's items, limits, counters, states or locked shards, inline up
+/// to a request of four limits (a heap allocation beyond): the store keeps
+/// them only while it applies the request, and a request's usual size costs
+/// no allocation.
+type Few<T> = SmallVec<[T; 4]>;
 
 /// Counters sampled when a full shard must make room.
 const EVICTION_SAMPLES: usize = 8;
@@ -192,15 +199,17 @@ impl MemoryStore {
 
     /// Checks and applies `batch` at `now` in one critical section: the
     /// counters' states are taken out of their locked shards, evaluated by
-    /// [`batch::evaluate`] (the decision the Redis script mirrors) and put
-    /// back.
+    /// [`batch::evaluate_into`] (the decision the Redis script mirrors) and
+    /// put back. Up to four limits, only the outcome is allocated.
     pub fn apply_at(&self, batch: &Batch, now: Millis) -> BatchOutcome {
         let plan = Plan::new(self, batch);
         let mut locked = self.lock(&plan.counters);
         let (found, mut states) = locked.take(&plan.counters);
-        let evaluation = batch::evaluate(&plan.items, &plan.limits, &mut states, now);
-        let admitted = evaluation.applied;
-        self.store(&plan, &mut locked, &found, states, &evaluation.limits, now);
+        let mut reports: Few<batch::Report> =
+            smallvec![batch::Report::default(); plan.limits.len()];
+        let admitted =
+            batch::evaluate_into(&plan.items, &plan.limits, &mut states, &mut reports, now);
+        self.store(&plan, &mut locked, &found, &mut states, &reports, now);
         // Counting may have grown a sliding window or log past the shard's
         // share of the bytes: make room, keeping this request's counters.
         if batch.items.iter().any(|item| item.counted(admitted)) {
@@ -210,8 +219,7 @@ impl MemoryStore {
                 {}
             }
         }
-        let limits = evaluation
-            .limits
+        let limits = reports
             .iter()
             .zip(&plan.limits)
             .map(|(report, limit)| {
@@ -235,7 +243,7 @@ impl MemoryStore {
 
     /// Locks the shards of `counters` in ascending order (no deadlock).
     fn lock(&self, counters: &[(CounterKey, usize)]) -> Locked<'_> {
-        let mut order: Vec<usize> = counters.iter().map(|(_, s)| *s).collect();
+        let mut order: Few<usize> = counters.iter().map(|(_, s)| *s).collect();
         order.sort_unstable();
         order.dedup();
         let guards = order.iter().map(|&i| self.shards[i].lock()).collect();
@@ -252,13 +260,13 @@ impl MemoryStore {
         plan: &Plan,
         locked: &mut Locked<'_>,
         found: &[Option<usize>],
-        states: Vec<State>,
+        states: &mut Few<State>,
         reports: &[batch::Report],
         now: Millis,
     ) {
         // Per counter: whether refunded or counted, and the `requests` of the
         // limit it was last counted for (what eviction measures it against).
-        let mut touched: Vec<(bool, Option<u64>)> = vec![(false, None); states.len()];
+        let mut touched: Few<(bool, Option<u64>)> = smallvec![(false, None); states.len()];
         let order = batch::counting_order(&plan.items, &plan.limits);
         for j in order {
             let limit = &plan.limits[j];
@@ -269,8 +277,8 @@ impl MemoryStore {
                 touch.0 = true;
             }
         }
-        let mut fresh: Vec<Option<State>> = Vec::new();
-        for (c, state) in states.into_iter().enumerate() {
+        let mut fresh: Few<Option<State>> = Few::new();
+        for (c, state) in states.drain(..).enumerate() {
             let (key, shard) = &plan.counters[c];
             match found[c] {
                 Some(index) => {
@@ -304,14 +312,14 @@ impl MemoryStore {
     }
 }
 
-/// One batch as [`batch::evaluate`] takes it, with the counters it names.
+/// One batch as [`batch::evaluate_into`] takes it, with the counters it names.
 struct Plan {
-    items: Vec<batch::Item>,
-    limits: Vec<batch::Limit>,
+    items: Few<batch::Item>,
+    limits: Few<batch::Limit>,
     /// The distinct counters, with their shard, in the order they are first
     /// named (a counter named twice is one state: the script's plan of its
     /// reads).
-    counters: Vec<(CounterKey, usize)>,
+    counters: Few<(CounterKey, usize)>,
 }
 
 impl Plan {
@@ -326,8 +334,8 @@ impl Plan {
                 refund: item.refund,
             })
             .collect();
-        let mut limits = Vec::with_capacity(batch.items.iter().map(|i| i.limits.len()).sum());
-        let mut counters: Vec<(CounterKey, usize)> = Vec::with_capacity(limits.capacity());
+        let mut limits = Few::with_capacity(batch.items.iter().map(|i| i.limits.len()).sum());
+        let mut counters: Few<(CounterKey, usize)> = Few::with_capacity(limits.capacity());
         for (i, item) in batch.items.iter().enumerate() {
             for spec in &item.limits {
                 let named = |(key, _): &(CounterKey, usize)| {
@@ -360,9 +368,9 @@ impl Plan {
 /// The shards of one batch's counters, locked: one critical section.
 struct Locked<'a> {
     /// Shard indexes, ascending.
-    order: Vec<usize>,
+    order: Few<usize>,
     /// One guard per entry of `order`.
-    guards: Vec<MutexGuard<'a, Shard>>,
+    guards: Few<MutexGuard<'a, Shard>>,
 }
 
 impl Locked<'_> {
@@ -379,28 +387,30 @@ impl Locked<'_> {
     /// read), leaving a placeholder that nothing reads before it is put
     /// back (eviction never looks at the batch's counters); an absent
     /// counter reads as empty. Returns where each one was found.
-    fn take(&mut self, counters: &[(CounterKey, usize)]) -> (Vec<Option<usize>>, Vec<State>) {
-        counters
-            .iter()
-            .map(
-                |(key, shard)| match self.shard(*shard).counters.get_full_mut(key) {
-                    Some((index, _, counter)) => {
-                        let placeholder = State::Fixed(FixedWindow::default());
-                        (
-                            Some(index),
-                            std::mem::replace(&mut counter.state, placeholder),
-                        )
-                    }
-                    None => (
-                        None,
-                        State::new(&LimitSpec {
-                            requests: 0,
-                            window: key.window,
-                        }),
-                    ),
-                },
-            )
-            .unzip()
+    fn take(&mut self, counters: &[(CounterKey, usize)]) -> (Few<Option<usize>>, Few<State>) {
+        let mut found = Few::with_capacity(counters.len());
+        let mut states = Few::with_capacity(counters.len());
+        for (key, shard) in counters {
+            let (index, state) = match self.shard(*shard).counters.get_full_mut(key) {
+                Some((index, _, counter)) => {
+                    let placeholder = State::Fixed(FixedWindow::default());
+                    (
+                        Some(index),
+                        std::mem::replace(&mut counter.state, placeholder),
+                    )
+                }
+                None => {
+                    let spec = LimitSpec {
+                        requests: 0,
+                        window: key.window,
+                    };
+                    (None, State::new(&spec))
+                }
+            };
+            found.push(index);
+            states.push(state);
+        }
+        (found, states)
     }
 }
 
