@@ -19,7 +19,8 @@
 # decisions find what the middle of a 220,000-request run over 100,000
 # identities finds (a run of benches/side_by_side.sh): most identities seen
 # once or twice before, some buckets new, none leaving the window. Every
-# call is one decision (none shares a call with another).
+# call is one decision (none shares a call with another), except in the
+# batch scenarios.
 #
 # Usage: benches/redis_instructions.sh [SCENARIO...]
 #   sliding    Sluice's decide.lua, one sliding-window limit in 6 s buckets
@@ -30,9 +31,19 @@
 #              `now` is passed (Redis TIME, the default time source, adds
 #              one call: see BENCHMARKS.md)
 #   fixed      the same with a fixed window
+#   bucket     the same with a token bucket (burst = limit, the default)
+#   log        the same with a sliding log of 100 an hour: a log keeps at
+#              most its limit's entries and costs more per entry kept, so
+#              its limit is one a log is configured with; with the
+#              defaults an identity's log holds its earlier decisions, 1.2
+#              on average, so this is a short log's cost
+#   concurrency  the same with a concurrency limit (a log of slots leased
+#              for an hour, never released), far from full
 #   batch      the store's batch.lua: the sliding window's decisions that
 #              one connection has in flight (CLIENTS' pipeline) in one
 #              call, whatever their identities, as coalesce.rs sends them
+#   fixed-batch, bucket-batch  the same for the fixed window and the token
+#              bucket (the sliding log and concurrency are never batched)
 #   function   benches/decide_function_prototype.py: the sliding window's
 #              decide.lua as a Redis Functions library (FCALL), so that the
 #              algorithms' functions are built once rather than on every
@@ -55,8 +66,14 @@
 #              multiplexed connections do under load)
 #   SERVER     the server binary to count (default redis-server; e.g. a
 #              valkey-server, driven by the same redis-cli)
+#   CPU        set (CPU=1): no valgrind; the server's CPU time (user +
+#              system, from /proc/PID/stat) over the CALLS decisions
+#              instead of instructions, and the 1-minute load average
+#              before and after them. CPU time moves with the machine's
+#              load, instructions do not.
 #
-# Needs redis-server (or SERVER), redis-cli, valgrind, python3, rustc.
+# Needs redis-server (or SERVER), redis-cli, valgrind (not with CPU),
+# python3, rustc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,7 +89,9 @@ scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] || scenarios=(sliding incumbent)
 
 server=${SERVER:-redis-server}
-for tool in "$server" redis-cli valgrind callgrind_control python3 rustc; do
+tools=("$server" redis-cli python3 rustc)
+[ -n "${CPU:-}" ] || tools+=(valgrind callgrind_control)
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
 
@@ -120,17 +139,35 @@ instructions() {
   awk '/^totals:/ {print $2}' "$last"
 }
 
-printf '%-9s %18s %20s  %s\n' scenario instr/decision "commands/decision" "commands per decision (a script's inner ones)"
+# CPU: clock ticks of user + system CPU of the server so far, and the
+# 1-minute load average.
+ticks() { awk '{print $14 + $15}' "/proc/$vpid/stat"; }
+loadavg() { cut -d' ' -f1 /proc/loadavg; }
+
+if [ -n "${CPU:-}" ]; then
+  printf '%-12s %14s %20s %20s %12s  %s\n' scenario "CPU µs/decision" "decisions/s per core" \
+    "commands/decision" "load avg" "commands per decision (a script's inner ones)"
+else
+  printf '%-12s %18s %20s  %s\n' scenario instr/decision "commands/decision" "commands per decision (a script's inner ones)"
+fi
 for scenario in "${scenarios[@]}"; do
   port=$(free_port)
-  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out.%p" \
-    "$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" \
-    >"$work/valgrind.log" 2>&1 &
+  server_cmd=("$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work")
+  if [ -n "${CPU:-}" ]; then
+    "${server_cmd[@]}" >"$work/server.log" 2>&1 &
+  else
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out.%p" \
+      "${server_cmd[@]}" >"$work/valgrind.log" 2>&1 &
+  fi
   vpid=$!
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
   case "$scenario" in
-    sliding | fixed) pattern=("$scenario" "$(redis-cli -p "$port" script load "$(cat "$work/decide.lua")")") ;;
-    batch) pattern=(batch "$(redis-cli -p "$port" script load "$(cat "$work/batch.lua")")") ;;
+    sliding | fixed | bucket | log | concurrency)
+      pattern=("$scenario" "$(redis-cli -p "$port" script load "$(cat "$work/decide.lua")")")
+      ;;
+    batch | fixed-batch | bucket-batch)
+      pattern=("$scenario" "$(redis-cli -p "$port" script load "$(cat "$work/batch.lua")")")
+      ;;
     function)
       # The Functions prototype: decide.lua as a library.
       python3 benches/decide_function_prototype.py <"$work/decide.lua" >"$work/function.lua"
@@ -144,18 +181,25 @@ for scenario in "${scenarios[@]}"; do
       "${zipf[@]}" --rate "$rate" --connections "$conns" --pipeline "$pipeline"
   }
   load 0 "$warmup"
-  callgrind_control --instr=on "$vpid" >/dev/null 2>&1
-  instructions >/dev/null
-  redis-cli -p "$port" config resetstat >/dev/null
-  load "$warmup" "$calls"
-  total=$(instructions)
+  if [ -n "${CPU:-}" ]; then
+    redis-cli -p "$port" config resetstat >/dev/null
+    load_before=$(loadavg) ticks_before=$(ticks)
+    load "$warmup" "$calls"
+    total=$(($(ticks) - ticks_before)) load_after=$(loadavg)
+  else
+    callgrind_control --instr=on "$vpid" >/dev/null 2>&1
+    instructions >/dev/null
+    redis-cli -p "$port" config resetstat >/dev/null
+    load "$warmup" "$calls"
+    total=$(instructions)
+  fi
   stats=$(redis-cli -p "$port" info commandstats | tr -d '\r')
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$vpid" 2>/dev/null || true
   vpid=
-  python3 - "$scenario" "$total" "$calls" <<PY
+  python3 - "$scenario" "$total" "$calls" "${CPU:+$(getconf CLK_TCK) $load_before $load_after}" <<PY
 import re, sys
-scenario, total, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+scenario, total, calls, cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
 inner, top = {}, 0
 for m in re.finditer(r'cmdstat_(\w+):calls=(\d+)', """$stats"""):
     name, n = m[1], int(m[2])
@@ -168,6 +212,12 @@ for m in re.finditer(r'cmdstat_(\w+):calls=(\d+)', """$stats"""):
 # Commands a script calls are counted by Redis too.
 per = ", ".join(f"{k} {v / calls:.2f}" for k, v in sorted(inner.items()))
 commands = (top + sum(inner.values())) / calls
-print(f"{scenario:9s} {total / calls:18,.0f} {commands:20.2f}  {per}")
+if cpu:
+    us = total * 1e6 / int(cpu[0]) / calls
+    rate = f"{1e6 / us:20,.0f}" if us else f"{'(under a tick)':>20s}"
+    load = f"{cpu[1]}-{cpu[2]}"
+    print(f"{scenario:12s} {us:15.2f} {rate} {commands:20.2f} {load:>12s}  {per}")
+else:
+    print(f"{scenario:12s} {total / calls:18,.0f} {commands:20.2f}  {per}")
 PY
 done

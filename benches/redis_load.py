@@ -6,15 +6,16 @@ simulated (each decision 1/RATE s after the previous), so that what Redis
 does per call does not depend on how fast it runs, under valgrind or not.
 
 Usage: redis_load.py PORT PATTERN FIRST COUNT [options]
-  PATTERN  sliding SHA | fixed SHA: Sluice's decide.lua (EVALSHA SHA) with
-           the arguments the store sends for one descriptor of one limit
-           (sliding: 6 s buckets) far from full, `now` passed
-           (the store's local time mode; Redis TIME costs one more call)
+  PATTERN  ALGORITHM SHA: Sluice's decide.lua (EVALSHA SHA) with the
+           arguments the store sends for one descriptor of one limit,
+           `now` passed (the store's local time mode; Redis TIME costs one
+           more call); ALGORITHM is one of LIMITS below
            function NAME: the same decision as `sliding` by FCALL of the
            library benches/decide_function_prototype.py makes
-           batch SHA: the store's batch.lua, each connection's PIPELINE
-           decisions in one call, a run of one request per key (the
-           sliding limit)
+           batch SHA | fixed-batch SHA | bucket-batch SHA: the store's
+           batch.lua, each connection's PIPELINE decisions in one call, a
+           run of one request per key (the sliding, fixed window or token
+           bucket limit)
            incumbent: envoyproxy/ratelimit's per-descriptor pattern,
            INCRBY key 1 and EXPIRE key 3600, pipelined together
   FIRST    the first decision's number (decisions before it were sent by
@@ -27,6 +28,27 @@ import argparse
 import bisect
 import random
 import socket
+
+HOUR = 3_600_000
+# Each algorithm's limit as wire.rs's limit_args sends it: requests,
+# duration_ms, algorithm code, param. Windows of an hour, so that no HASH
+# expires in the minutes a run under valgrind takes (the script sets TTLs by
+# Redis's own clock); limits the load never fills, so every decision counts.
+LIMITS = {
+    # An hour in 6 s buckets: the default's operations per call (a minute
+    # in 6 s buckets).
+    "sliding": (1_000_000_000, HOUR, 0, 6_000),
+    "fixed": (1_000_000_000, HOUR, 1, 0),
+    # The burst is the limit, the default when a rule names none.
+    "bucket": (1_000_000_000, HOUR, 2, 1_000_000_000),
+    # A log keeps at most its limit's entries and costs more the more it
+    # keeps: a limit of the size a log is configured for (docs: for small
+    # limits), which the load (a few decisions per identity) never fills.
+    "log": (100, HOUR, 3, 0),
+    # Slots leased for an hour and never released.
+    "concurrency": (1_000_000_000, HOUR, 3, 1),
+}
+BATCHED = {"batch": "sliding", "fixed-batch": "fixed", "bucket-batch": "bucket"}
 
 
 def resp(*args):
@@ -87,15 +109,11 @@ def main():
         if a.pattern[0] == "incumbent":
             return resp("INCRBY", key, 1) + resp("EXPIRE", key, 3600), 2
         now = t0 + int(n * 1000 / a.rate)
-        # One hour in 6 s buckets: the default's operations per call (a
-        # minute in 6 s buckets), but no HASH expires in the minutes a run
-        # under valgrind takes (the script sets TTLs by Redis's own clock).
-        limit = (1_000_000_000, 3_600_000, 0, 6_000)
-        if a.pattern[0] == "fixed":
-            limit = (1_000_000_000, 3_600_000, 1, 0)
-        if a.pattern[0] == "batch":
+        name = a.pattern[0]
+        limit = LIMITS[BATCHED.get(name, "sliding" if name == "function" else name)]
+        if name in BATCHED:
             return (key, now, limit), 1
-        if a.pattern[0] == "function":
+        if name == "function":
             return resp("FCALL", "sluice_decide", 1, key, now, "all", 0, 1, 1, *limit), 1
         return resp("EVALSHA", a.pattern[1], 1, key, now, "all", 0, 1, 1, *limit), 1
 
@@ -113,14 +131,15 @@ def main():
                 batch.append(data)
                 replies += r
                 n += 1
-            if batch and a.pattern[0] == "batch":
+            if batch and a.pattern[0] in BATCHED:
                 # One call carrying them all, as the store sends batch.lua:
                 # now, the algorithm codes, the one limit, then per key the
                 # limit's number, one request and its weight.
                 keys = [key for key, _, _ in batch]
                 _, now, limit = batch[0]
                 runs = [arg for _ in keys for arg in (1, 1, 1)]
-                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, "0", 1, *limit, *runs))
+                code = str(limit[2])
+                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, code, 1, *limit, *runs))
                 pending.append((f, 1))
             elif batch:
                 c.sendall(b"".join(batch))
