@@ -22,10 +22,13 @@ script = sys.stdin.read()
 parts = re.split(r"^-- src/store/redis/decide/(\w+)\.lua\n", script, flags=re.M)
 named = dict(zip(parts[1::2], parts[2::2]))
 
+# The clock (clock.lua) and request.lua's per-call locals become
+# assignments to the library's locals.
+clock = named["clock"]
+assert "local now\n" in clock
+clock = clock.replace("local now\n", "")
 request = named["request"]
-# request.lua's per-call locals become assignments to the library's locals.
 for old, new in [
-    ("local now\n", ""),
     ("local whole = ", "whole = "),
     ("local single = ", "single = "),
     ("local items, limits, nl, a = ", "items, limits, nl, a = "),
@@ -46,6 +49,7 @@ out.append(named["prelude"])
 for alg in ("sliding_window", "fixed_window", "token_bucket", "sliding_log"):
     out.append(named[alg])
 out.append("return function(keys, args)\nKEYS, ARGV = keys, args\n")
+out.append(clock)
 out.append(request)
 out.append(named["driver"])
 out.append("end\nend\n")
