@@ -13,7 +13,8 @@
 //! from the store's `coalescing()`, and whether a call has reached a stopped
 //! Redis from its socket's receive queue.
 
-use crate::coalescing::{decided_in_turn, wait_for};
+use crate::coalescing::{decided_in_turn, open_store, wait_for};
+use crate::store_faults::expect_refunds_made;
 use crate::support;
 
 use std::future::Future;
@@ -23,11 +24,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use sluice::limiter::{Algorithm, LimitSpec, ManualClock, Window};
-use sluice::store::{
-    Batch, BatchOutcome, Coalescing, CounterStore, RedisStore, RedisStoreConfig, RedisUrl,
-    StoreError, TimeSource,
-};
+use sluice::limiter::{Algorithm, LimitSpec, Window};
+use sluice::store::{Batch, BatchOutcome, Coalescing, CounterStore, RedisStore, StoreError};
 use sluice::telemetry::metrics::{Metrics, MetricsConfig};
 use support::eventually::eventually_async;
 use support::redis::{RedisCluster, RedisServer, key_slot};
@@ -82,26 +80,10 @@ fn key_of(prefix: &str, name: &str) -> String {
     item.identity.storage_key(prefix)
 }
 
-/// A coalescing store on `url` under `prefix`, its script clock standing
-/// still (every call sees the same now), without a breaker.
+/// A coalescing store on `url` under `prefix` (see coalescing's), with two
+/// connections.
 async fn open(url: &str, prefix: &str, timeout: Duration) -> Arc<RedisStore> {
-    let config = RedisStoreConfig {
-        url: RedisUrl::new(url),
-        per_second_url: None,
-        tls: sluice::store::RedisTls::default(),
-        pool_size: 2,
-        timeout,
-        key_prefix: prefix.to_owned(),
-        time: TimeSource::Local,
-        breaker: None,
-        coalesce: true,
-    };
-    let clock = Arc::new(ManualClock::new(support::T0));
-    Arc::new(
-        RedisStore::connect(&config, clock, Duration::from_secs(10))
-            .await
-            .expect("connect"),
-    )
+    open_store(url, prefix, timeout, 2).await
 }
 
 fn evalsha_calls(port: u16) -> u64 {
@@ -397,6 +379,29 @@ async fn start<'a>(store: &'a RedisStore, batch: &'a Batch) -> Pending<'a> {
     pending
 }
 
+/// Stops `redis`, starts `lead` (its call reaches the stopped server), then
+/// starts `batches` in order behind it; returns the lead's request, the
+/// bytes unread once its call arrived, and the queued requests.
+async fn queue_behind<'a>(
+    store: &'a RedisStore,
+    redis: &RedisServer,
+    prefix: &str,
+    lead: &'a Batch,
+    batches: &'a [Batch],
+) -> (Pending<'a>, u64, Vec<Pending<'a>>) {
+    let port = redis.port();
+    let unread = unread_bytes(port);
+    redis.pause();
+    let first = start(store, lead).await;
+    let lead_size = call_size([&key_of(prefix, "lead")]);
+    let lead_sent = wait_unread(port, unread + lead_size, "the first call to reach Redis").await;
+    let mut queued = Vec::new();
+    for batch in batches {
+        queued.push(start(store, batch).await);
+    }
+    (first, lead_sent, queued)
+}
+
 /// Polls until `name`'s counter, under `limit`, holds `want`.
 async fn expect_counter(store: &RedisStore, name: &str, limit: LimitSpec, want: u64) {
     let what = format!("counter {name} to hold {want}");
@@ -513,15 +518,8 @@ async fn requests_dropped_before_their_call_are_not_sent_and_those_dropped_in_fl
 
     // The first request's call reaches the stopped Redis; the others queue
     // behind it, in order.
-    let unread = unread_bytes(port);
-    redis.pause();
-    let first = start(&store, &lead).await;
-    let lead_size = call_size([&key_of(&prefix, "lead")]);
-    let lead_sent = wait_unread(port, unread + lead_size, "the first call to reach Redis").await;
-    let mut queued = Vec::new();
-    for (&(i, k), batch) in order.iter().zip(&batches) {
-        queued.push(((i, k), start(&store, batch).await));
-    }
+    let (first, lead_sent, queued) = queue_behind(&store, &redis, &prefix, &lead, &batches).await;
+    let mut queued: Vec<_> = order.iter().copied().zip(queued).collect();
     let all_queued = Coalescing {
         counters: 1,
         waiting: queued.len(),
@@ -613,15 +611,7 @@ async fn a_shared_call_that_times_out_fails_each_identity_and_refunds_what_it_co
     // A read first: whatever becomes of its call, it counts nothing.
     let lead = batch("lead", sliding, 0);
 
-    let unread = unread_bytes(port);
-    redis.pause();
-    let first = start(&store, &lead).await;
-    let lead_size = call_size([&key_of(&prefix, "lead")]);
-    let lead_sent = wait_unread(port, unread + lead_size, "the first call to reach Redis").await;
-    let mut queued = Vec::new();
-    for batch in &batches {
-        queued.push(start(&store, batch).await);
-    }
+    let (first, lead_sent, queued) = queue_behind(&store, &redis, &prefix, &lead, &batches).await;
     let all_queued = Coalescing {
         counters: 1,
         waiting: queued.len(),
@@ -651,14 +641,7 @@ async fn a_shared_call_that_times_out_fails_each_identity_and_refunds_what_it_co
     for counter in &counters {
         expect_counter(&store, &counter.name, counter.limit, 0).await;
     }
-    let refunds = eventually_async("the refunds to be answered", async || {
-        let refunds = store.refunds();
-        (refunds.in_flight == 0)
-            .then_some(refunds)
-            .ok_or(format!("{refunds:?}"))
-    })
-    .await;
-    assert_eq!(refunds.failed, 0, "{refunds:?}");
+    expect_refunds_made(&store).await;
     let exposed = metrics.encode();
     for line in [
         r#"sluice_store_reconciliations_total{outcome="answered"} 1"#,

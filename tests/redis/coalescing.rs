@@ -27,14 +27,25 @@ fn batch(name: &str, limit: LimitSpec, hits: u64) -> Batch {
 }
 
 async fn open(url: &str) -> Arc<RedisStore> {
+    open_store(url, &support::unique_prefix(), Duration::from_secs(10), 1).await
+}
+
+/// A coalescing store on `url` under `prefix` with `pool_size` connections,
+/// its script clock standing still (every call sees the same now), without
+/// a breaker.
+pub(crate) async fn open_store(
+    url: &str,
+    prefix: &str,
+    timeout: Duration,
+    pool_size: usize,
+) -> Arc<RedisStore> {
     let config = RedisStoreConfig {
         url: RedisUrl::new(url),
         per_second_url: None,
         tls: sluice::store::RedisTls::default(),
-        pool_size: 1,
-        timeout: Duration::from_secs(10),
-        key_prefix: support::unique_prefix(),
-        // The script's clock stands still: every call sees the same now.
+        pool_size,
+        timeout,
+        key_prefix: prefix.to_owned(),
         time: TimeSource::Local,
         breaker: None,
         coalesce: true,

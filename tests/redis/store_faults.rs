@@ -102,7 +102,7 @@ async fn wait_evalsha(port: u16, n: u64) {
 
 /// Polls until `store` has no refund call in flight, then says that none of
 /// its refund calls failed.
-async fn expect_refunds_made(store: &RedisStore) {
+pub(crate) async fn expect_refunds_made(store: &RedisStore) {
     let refunds = eventually_async("the refunds to be answered", async || {
         let refunds = store.refunds();
         (refunds.in_flight == 0)
