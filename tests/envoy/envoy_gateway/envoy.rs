@@ -9,6 +9,10 @@ use super::*;
 /// `ratelimit_cluster` over HTTP/2 and TLS with EG's CA and Envoy's
 /// certificate, without SNI or a SAN match. The rule matches requests with
 /// `content-type: application/json` (what `support::http_exchange` sends).
+/// The filter's `timeout` is what EG sets from `rateLimit.timeout`: 2 s
+/// here, as a user may set it, so that an answer that is late on a loaded
+/// machine (the first one waits for the TLS handshake) is still Sluice's
+/// and not Envoy's 20 ms default failing open.
 pub(crate) fn eg_envoy(pod: &Pod, certs: &Path, front: u16, admin: u16, app: SocketAddr) -> Value {
     let [(route, _), (matched, _)] = entries(0);
     let file = |name: &str| json!({"filename": certs.join(name).display().to_string()});
@@ -34,6 +38,7 @@ pub(crate) fn eg_envoy(pod: &Pod, certs: &Path, front: u16, admin: u16, app: Soc
                 "domain": DOMAIN,
                 "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
                 "disable_x_envoy_ratelimited_header": true,
+                "timeout": "2s",
                 "rate_limit_service": {"transport_api_version": "V3",
                     "grpc_service": {"envoy_grpc": {"cluster_name": "ratelimit_cluster"}}}}},
             {"name": "envoy.filters.http.router", "typed_config": {
