@@ -102,13 +102,17 @@ async fn bounded(args: &BenchArgs) -> sluice::bench::Report {
 #[tokio::test]
 async fn a_timed_run_with_a_warm_up_counts_only_the_measured_part() {
     let server = Server::start(RULES, HeaderMode::Off).await;
-    // One key with a limit of 100: the warm-up fills it, so every measured
-    // answer is OVER_LIMIT; had the warm-up been counted, 100 would be OK.
+    // One key with a limit of 100 and requests of 100 hits: the first
+    // warm-up request decided fills it, whatever the machine's speed (each
+    // worker sends its first measured request only after its warm-up one
+    // is answered), so every measured answer is OVER_LIMIT; had the warm-up
+    // been counted, one would be OK.
     let mut args = BenchArgs::new(server.uri(), 0);
     args.requests = None;
-    args.duration = Some(300);
+    args.duration = Some(1_000);
     args.warmup = 300;
     args.keys = 1;
+    args.hits = Some(100);
     args.concurrency = 4;
     args.rate = Some(5_000.0);
     let report = bounded(&args).await;
