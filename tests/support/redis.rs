@@ -755,6 +755,8 @@ fn spawn(
     let port_text = port.to_string();
     let dir_text = dir.to_str().expect("temp dir path is UTF-8");
     let config = sentinel.then(|| dir.join("sentinel.conf"));
+    // What the log already holds (a restart appends to it).
+    let logged_before = std::fs::metadata(dir.join("redis.log")).map_or(0, |m| m.len() as usize);
     let mut wrapper = Command::new("sh")
         .arg("-c")
         .arg(WRAPPER)
@@ -797,6 +799,19 @@ fn spawn(
         pid,
     };
     let log = || std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+    // Another test process's server may answer PING on a port this one could
+    // not bind (each process hands out ports on its own): this server is up
+    // only once its own log says so.
+    let said_ready = || {
+        let started = if sentinel {
+            "Sentinel ID is"
+        } else {
+            "Ready to accept connections"
+        };
+        log()
+            .get(logged_before..)
+            .is_some_and(|new| new.contains(started))
+    };
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if let Ok(Some(status)) = running.wrapper.try_wait() {
@@ -809,7 +824,7 @@ fn spawn(
                  log:\n{log}"
             )));
         }
-        if ping(port, Duration::from_secs(1)) {
+        if ping(port, Duration::from_secs(1)) && said_ready() {
             return Ok(running);
         }
         if Instant::now() >= deadline {
