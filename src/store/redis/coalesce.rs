@@ -384,8 +384,8 @@ fn batch_eval(calls: &Shared, slot: u16, members: &[Waiter], lens: &[usize]) -> 
         })
     };
     let keys = firsts().map(|m| m.request.key.as_str());
-    let algorithms = batch_algorithms(firsts().map(|m| &m.request.limit));
     let (limits, limit_of) = batch_limits(firsts().map(|m| &m.request.limit));
+    let algorithms = batch_algorithms(&limits);
     let args = 2 + batch_args(limits.len(), lens.len(), members.len());
     let mut eval = Eval::new(&calls.batch, keys.collect::<Vec<_>>(), slot, args);
     push_head(&mut eval.cmd, calls.script_now(), algorithms);

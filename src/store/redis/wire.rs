@@ -159,20 +159,14 @@ pub(super) fn push_refund(args: &mut Vec<i64>, limits: &[LimitSpec], answers: &[
     }
 }
 
-/// batch.lua's second argument: which algorithms the runs of a call use,
-/// so that the script builds only their functions.
-pub(super) fn batch_algorithms<'a>(limits: impl Iterator<Item = &'a LimitSpec>) -> &'static str {
-    let mut used = [false; 3];
-    for limit in limits {
-        match limit.window.algorithm {
-            Algorithm::SlidingWindow { .. } => used[0] = true,
-            Algorithm::FixedWindow => used[1] = true,
-            Algorithm::TokenBucket { .. } => used[2] = true,
-            // Never batched (see coalesce.rs's `shared_limit`).
-            Algorithm::SlidingLog | Algorithm::Concurrency => {}
-        }
-    }
-    match used {
+/// batch.lua's second argument: which algorithms the call's distinct
+/// `limits` (see `batch_limits`) use, by their codes (`limit_args`' third
+/// value: 0 sliding window, 1 fixed window, 2 token bucket; the others are
+/// never batched, see coalesce.rs's `shared_limit`), so that the script
+/// builds only their functions.
+pub(super) fn batch_algorithms(limits: &[[i64; LIMIT_ARGS]]) -> &'static str {
+    let uses = |code: i64| limits.iter().any(|limit| limit[2] == code);
+    match [uses(0), uses(1), uses(2)] {
         [true, false, false] => "0",
         [false, true, false] => "1",
         [false, false, true] => "2",

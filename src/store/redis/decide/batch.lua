@@ -91,20 +91,7 @@ for i = 1, #KEYS do
   local loaded = alg('load', st, nil, v)
   local used = loaded or alg('used', st, l)
   reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, 0, 0, -1
-  local counted = 0
-  for m = 1, n do
-    local h = ARGV[a + 1 + m] + 0
-    local fits
-    if loaded then
-      fits = used + counted + h <= l[L_REQUESTS]
-    else
-      fits = alg('fits', st, l, counted + h)
-    end
-    if fits then
-      counted = counted + h
-    end
-    reply[r + 4 + m] = fits and 0 or 1
-  end
+  local counted = in_turn(alg, st, l, loaded, 0, a + 2, a + 1 + n, reply, r + 5)
   if counted > 0 then
     local slot, until_ms = alg('add', st, l, counted)
     reply[r + 4] = slot

@@ -162,19 +162,7 @@ if single then
   -- decided in turn, as if every earlier admitted one were counted (an
   -- enforcing request alone is admitted exactly when it fits), and all
   -- counted at once below.
-  for i = 10, #ARGV do
-    local h = ARGV[i] + 0
-    local fits
-    if one_loaded then
-      fits = used + counted + h <= l[L_REQUESTS]
-    else
-      fits = alg('fits', st, l, counted + h)
-    end
-    if fits then
-      counted = counted + h
-    end
-    reply[R_SLOT - 9 + i] = fits and 0 or 1 -- ARGV[10]'s after R_SLOT
-  end
+  counted = in_turn(alg, st, l, one_loaded and used, counted, 10, #ARGV, reply, R_SLOT + 1)
   if counted > 0 then
     local until_ms
     slot, until_ms = alg('add', st, l, counted)

@@ -148,6 +148,31 @@ local function write(k, field, value)
   k[K_WRITES] = k[K_WRITES] + 2
 end
 
+-- Requests of one counter decided in turn (decide.lua's coalesced ones,
+-- a run of batch.lua), as if every earlier admitted one were counted: what
+-- separate calls in that order would decide. Their weights are ARGV[from]
+-- to ARGV[to]; `counted` is what is counted before them; `used` what 'load'
+-- answered, or false (each then asks 'fits'). reply[at + i - from] is 0 for
+-- a request that fits (and counts), 1 for one that does not. Returns the
+-- hits counted, those before them included.
+local function in_turn(alg, st, l, used, counted, from, to, reply, at)
+  local requests = l[L_REQUESTS]
+  for i = from, to do
+    local h = ARGV[i] + 0
+    local fits
+    if used then
+      fits = used + counted + h <= requests
+    else
+      fits = alg('fits', st, l, counted + h)
+    end
+    if fits then
+      counted = counted + h
+    end
+    reply[at + i - from] = fits and 0 or 1
+  end
+  return counted
+end
+
 -- Exact floor division of non-negative integers below 2^53: a double
 -- quotient can round up onto the next integer, never down past it.
 local function idiv(a, b)
