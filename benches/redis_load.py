@@ -28,6 +28,7 @@ import argparse
 import bisect
 import random
 import socket
+import struct
 
 HOUR = 3_600_000
 # Each algorithm's limit as wire.rs's limit_args sends it: requests,
@@ -133,13 +134,14 @@ def main():
                 n += 1
             if batch and a.pattern[0] in BATCHED:
                 # One call carrying them all, as the store sends batch.lua:
-                # now, the algorithm codes, the one limit, then per key the
+                # now, the algorithm codes, the one limit, then the runs
+                # packed (little-endian 8-byte integers): per key the
                 # limit's number, one request and its weight.
                 keys = [key for key, _, _ in batch]
                 _, now, limit = batch[0]
-                runs = [arg for _ in keys for arg in (1, 1, 1)]
+                runs = struct.pack("<%dq" % (3 * len(keys)), *[1] * (3 * len(keys)))
                 code = str(limit[2])
-                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, code, 1, *limit, *runs))
+                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, code, 1, *limit, runs))
                 pending.append((f, 1))
             elif batch:
                 c.sendall(b"".join(batch))

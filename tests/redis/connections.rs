@@ -315,7 +315,14 @@ async fn watched_by_a_sentinel(name: &str) -> Watched {
         assert!(admitted(&store, std::slice::from_ref(&limited)).await);
     }
     // The counts are on the primary, and copied to the replica before it
-    // takes over.
+    // takes over: once its link is up (its first sync can take longer than
+    // WAIT's timeout on a loaded machine), WAIT sees it acknowledge them.
+    eventually("the replica's link to the primary", || {
+        replica
+            .command(&["INFO", "replication"])
+            .lines()
+            .any(|l| l.trim() == "master_link_status:up")
+    });
     assert_eq!(primary.query(&["WAIT", "1", "5000"]), Reply::Integer(1));
     Watched {
         primary,

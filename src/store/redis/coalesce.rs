@@ -43,8 +43,8 @@ use tokio::sync::oneshot;
 use super::call::{Called, Owed, RECONCILE_WAIT, Shared, Target, Waiting};
 use super::node::Eval;
 use super::wire::{
-    Answer, RunReply, batch_algorithms, batch_args, batch_limits, push_head, push_limits, push_run,
-    runs,
+    Answer, PackedRuns, RunReply, batch_algorithms, batch_args, batch_limits, push_head,
+    push_limits, runs,
 };
 use crate::limiter::{Algorithm, Counting, LimitSpec, Role, admits};
 use crate::store::{BatchItem, BatchOutcome, StoreError};
@@ -386,16 +386,18 @@ fn batch_eval(calls: &Shared, slot: u16, members: &[Waiter], lens: &[usize]) -> 
     let keys = firsts().map(|m| m.request.key.as_str());
     let (limits, limit_of) = batch_limits(firsts().map(|m| &m.request.limit));
     let algorithms = batch_algorithms(&limits);
-    let args = 2 + batch_args(limits.len(), lens.len(), members.len());
+    let args = 2 + batch_args(limits.len());
     let mut eval = Eval::new(&calls.batch, keys.collect::<Vec<_>>(), slot, args);
     push_head(&mut eval.cmd, calls.script_now(), algorithms);
     push_limits(&mut eval.cmd, &limits);
+    let mut runs = PackedRuns::with_capacity(lens.len(), members.len());
     let mut rest = members;
     for (&n, limit) in lens.iter().zip(limit_of) {
         let (run, next) = rest.split_at(n);
         rest = next;
-        push_run(&mut eval.cmd, limit, run.iter().map(|m| m.request.hits));
+        runs.push(limit, run.iter().map(|m| m.request.hits));
     }
+    runs.push_to(&mut eval.cmd);
     eval
 }
 

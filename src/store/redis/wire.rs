@@ -198,10 +198,10 @@ pub(super) fn batch_limits<'a>(
     (distinct, of_run)
 }
 
-/// Arguments batch.lua takes for `limits` distinct limits and `runs` runs
-/// of `requests` requests in all, besides its head (see `push_head`).
-pub(super) const fn batch_args(limits: usize, runs: usize, requests: usize) -> usize {
-    1 + LIMIT_ARGS * limits + 2 * runs + requests
+/// Arguments batch.lua takes for `limits` distinct limits, besides its
+/// head (see `push_head`): how many, theirs, and the packed runs.
+pub(super) const fn batch_args(limits: usize) -> usize {
+    2 + LIMIT_ARGS * limits
 }
 
 /// batch.lua's list of distinct limits: how many, then each one's arguments.
@@ -212,13 +212,28 @@ pub(super) fn push_limits(cmd: &mut Cmd, limits: &[[i64; LIMIT_ARGS]]) {
     }
 }
 
-/// batch.lua's arguments for one run (one key and limit): its limit's
-/// number (see `batch_limits`), the number of requests, and their weights
-/// in order.
-pub(super) fn push_run(cmd: &mut Cmd, limit: usize, weights: impl ExactSizeIterator<Item = u64>) {
-    cmd.arg(limit).arg(weights.len());
-    for weight in weights {
-        cmd.arg(hits(weight));
+/// batch.lua's last argument: its runs (one key and limit each) packed as
+/// little-endian 8-byte integers, per run its limit's number (see
+/// `batch_limits`), the number of requests, and their weights in order.
+#[derive(Default)]
+pub(super) struct PackedRuns(Vec<u8>);
+
+impl PackedRuns {
+    /// Room for `runs` runs of `requests` requests in all.
+    pub(super) fn with_capacity(runs: usize, requests: usize) -> Self {
+        Self(Vec::with_capacity(8 * (2 * runs + requests)))
+    }
+
+    pub(super) fn push(&mut self, limit: usize, weights: impl ExactSizeIterator<Item = u64>) {
+        self.0.extend((limit as i64).to_le_bytes());
+        self.0.extend((weights.len() as i64).to_le_bytes());
+        for weight in weights {
+            self.0.extend(hits(weight).to_le_bytes());
+        }
+    }
+
+    pub(super) fn push_to(&self, cmd: &mut Cmd) {
+        cmd.arg(&self.0[..]);
     }
 }
 

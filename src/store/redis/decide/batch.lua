@@ -18,8 +18,11 @@ ARGV[2]   the algorithm codes the runs use ("0", "02", ...: 0 sliding
 ARGV[3]   how many distinct limits the runs count on; then each limit once,
           as decide.lua takes a limit (requests, duration_ms, algorithm,
           param).
-Then per run: its limit (1 for the first listed, ...), n, and the n
-requests' weights.
+Last, the runs, packed in one string of little-endian 8-byte integers: per
+run its limit (1 for the first listed, ...), n, and the n requests' weights.
+(Three arguments a request cost Redis a string to make and intern and a
+slot of ARGV to fill, and this script a number to parse: struct.unpack
+makes them numbers at once, in one table.)
 
 Each run is decided as decide.lua decides one coalesced call: each request
 in turn, as if every earlier admitted one were counted (what separate calls
@@ -48,8 +51,8 @@ local uses_fixed = algs:find('1', 1, true) ~= nil
 local uses_bucket = algs:find('2', 1, true) ~= nil
 -- @@ algorithms @@
 
--- The limits, by the number the runs name them with (as ARGV has it, so
--- that a run's is looked up without parsing it), and each one's algorithm.
+-- The limits, by the number the runs name them with, and each one's
+-- algorithm.
 local limits, alg_of, a = {}, {}, 4
 for j = 1, ARGV[3] + 0 do
   local code = ARGV[a + 2]
@@ -57,17 +60,19 @@ for j = 1, ARGV[3] + 0 do
     [L_ITEM] = false, [L_STATE] = false, [L_REQUESTS] = ARGV[a] + 0, [L_DURATION] = ARGV[a + 1] + 0,
     [L_ARG] = a,
   }
-  limits[fmt('%d', j)] = l
+  limits[j] = l
   alg_of[l] = code == '0' and sliding_window or code == '1' and fixed_window or token_bucket
   a = a + 4
 end
+local packed = ARGV[a]
+local runs = { struct.unpack('<' .. string.rep('i8', #packed / 8), packed) }
 
--- Runs take 2 arguments and answer 4 values besides one per request: the
--- reply has #ARGV - a + 1 + 2 * #KEYS values, its slots made at once.
-local size = #ARGV - a + 1 + 2 * #KEYS
-local reply, r = { unpack(KEYS, 1, size) }, 0
+-- Runs take 2 values and answer 4 besides one per request: the reply has
+-- #packed / 8 + 2 * #KEYS values, its slots made at once.
+local size = #packed / 8 + 2 * #KEYS
+local reply, r, p = { unpack(KEYS, 1, size) }, 0, 1
 for i = 1, #KEYS do
-  local key, l, n = KEYS[i], limits[ARGV[a]], ARGV[a + 1] + 0
+  local key, l, n = KEYS[i], limits[runs[p]], runs[p + 1]
   local alg, before, k, st = alg_of[l], l[L_STATE], nil, nil
   -- Records as decide.lua's single path makes them (see prelude.lua: 16
   -- slots after K_FIELDS).
@@ -91,7 +96,7 @@ for i = 1, #KEYS do
   local loaded = alg('load', st, nil, v)
   local used = loaded or alg('used', st, l)
   reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, 0, 0, -1
-  local counted = in_turn(alg, st, l, loaded, 0, a + 2, a + 1 + n, reply, r + 5)
+  local counted = in_turn(alg, st, l, loaded, 0, runs, p + 2, p + 1 + n, reply, r + 5)
   if counted > 0 then
     local slot, until_ms = alg('add', st, l, counted)
     reply[r + 4] = slot
@@ -122,6 +127,6 @@ for i = 1, #KEYS do
       call('PEXPIRE', key, fmt('%d', at - now))
     end
   end
-  r, a = r + 4 + n, a + 2 + n
+  r, p = r + 4 + n, p + 2 + n
 end
 return struct.pack('<' .. string.rep('i8', size), unpack(reply, 1, size))

@@ -162,7 +162,7 @@ if single then
   -- decided in turn, as if every earlier admitted one were counted (an
   -- enforcing request alone is admitted exactly when it fits), and all
   -- counted at once below.
-  counted = in_turn(alg, st, l, one_loaded and used, counted, 10, #ARGV, reply, R_SLOT + 1)
+  counted = in_turn(alg, st, l, one_loaded and used, counted, ARGV, 10, #ARGV, reply, R_SLOT + 1)
   if counted > 0 then
     local until_ms
     slot, until_ms = alg('add', st, l, counted)

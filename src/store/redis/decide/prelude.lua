@@ -150,15 +150,16 @@ end
 
 -- Requests of one counter decided in turn (decide.lua's coalesced ones,
 -- a run of batch.lua), as if every earlier admitted one were counted: what
--- separate calls in that order would decide. Their weights are ARGV[from]
--- to ARGV[to]; `counted` is what is counted before them; `used` what 'load'
--- answered, or false (each then asks 'fits'). reply[at + i - from] is 0 for
--- a request that fits (and counts), 1 for one that does not. Returns the
--- hits counted, those before them included.
-local function in_turn(alg, st, l, used, counted, from, to, reply, at)
+-- separate calls in that order would decide. Their weights are args[from]
+-- to args[to] (ARGV's strings, or the numbers batch.lua unpacked);
+-- `counted` is what is counted before them; `used` what 'load' answered,
+-- or false (each then asks 'fits'). reply[at + i - from] is 0 for a request
+-- that fits (and counts), 1 for one that does not. Returns the hits
+-- counted, those before them included.
+local function in_turn(alg, st, l, used, counted, args, from, to, reply, at)
   local requests = l[L_REQUESTS]
   for i = from, to do
-    local h = ARGV[i] + 0
+    local h = args[i] + 0
     local fits
     if used then
       fits = used + counted + h <= requests
