@@ -37,19 +37,11 @@ refund reaches it.
 
 -- Built only when the request names this algorithm. What the common path
 -- does not use is reached through its global, not captured: every upvalue
--- a function captures costs on every call (see prelude.lua).
+-- a function captures costs on every call (see prelude.lua). The ops are
+-- tested in the order a decision asks them, the batch's per run first.
 local sliding_window
 sliding_window = uses_sliding and function(op, st, l, x)
-  if op == 'count' then
-    -- What the window holds: its live buckets, and the straddling one in
-    -- proportion to the part of it still inside.
-    local t, p, c = st[SW_TOTAL], st[SW_PRECISION], st[SW_OLDEST_HITS]
-    local inside = (st[SW_OLDEST] + 1) * p - (now - st[SW_DURATION])
-    if t > 0 and st[SW_LOW] == st[SW_OLDEST] and c and inside < p then
-      return t - c + math.ceil(c * inside / p)
-    end
-    return t
-  elseif op == 'load' then
+  if op == 'load' then
     local i, oldest = st[S_AT], st[SW_OLDEST]
     -- A missing field is false; the others are parsed by arithmetic (see
     -- prelude.lua).
@@ -196,6 +188,15 @@ sliding_window = uses_sliding and function(op, st, l, x)
       [SW_OLDEST] = oldest, [SW_CUR] = cur, [SW_TOTAL] = 0, [SW_LOW] = false, [SW_HIGH] = false,
       [SW_OLDEST_HITS] = false, [SW_CUR_HITS] = false, [SW_OTHERS] = false, [SW_CUR_TEXT] = sc,
     }
+  elseif op == 'count' then
+    -- What the window holds: its live buckets, and the straddling one in
+    -- proportion to the part of it still inside.
+    local t, p, c = st[SW_TOTAL], st[SW_PRECISION], st[SW_OLDEST_HITS]
+    local inside = (st[SW_OLDEST] + 1) * p - (now - st[SW_DURATION])
+    if t > 0 and st[SW_LOW] == st[SW_OLDEST] and c and inside < p then
+      return t - c + math.ceil(c * inside / p)
+    end
+    return t
   elseif op == 'prefix' then
     return st .. ':' .. l .. ':'
   elseif op == 'give' then
