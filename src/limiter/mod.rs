@@ -6,6 +6,7 @@
 
 pub mod algorithm;
 pub mod batch;
+pub mod calendar;
 pub mod clock;
 pub mod key;
 pub mod unit;
