@@ -46,6 +46,7 @@ const DECIDE_PARTS: &[&str] = &[
     "fixed_window",
     "token_bucket",
     "sliding_log",
+    "calendar_window",
     "driver",
 ];
 
@@ -69,6 +70,7 @@ const ALGORITHM_PARTS: &[&str] = &[
     "fixed_window",
     "token_bucket",
     "sliding_log",
+    "calendar_window",
 ];
 
 /// refund.lua: `src/store/redis/refund.lua` with its marker lines replaced by

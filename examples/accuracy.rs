@@ -522,6 +522,43 @@ impl Definition for EpochCounter {
     }
 }
 
+/// A calendar period's counter, by the civil date: the count starts again
+/// when the local year, month, ISO week or day of `t` changes.
+struct CivilCounter {
+    limit: u64,
+    calendar: sluice::limiter::calendar::Calendar,
+    period: Option<(i16, i8, i8)>,
+    count: u64,
+}
+
+impl Definition for CivilCounter {
+    fn admit(&mut self, t: Millis, w: u64) -> bool {
+        use sluice::limiter::calendar::Period;
+        let zone = jiff::tz::TimeZone::get(self.calendar.zone.name()).expect("a known zone");
+        let ms = i64::try_from(t).expect("a time after 1970");
+        let date = jiff::Timestamp::from_millisecond(ms)
+            .expect("a representable time")
+            .to_zoned_datetime(zone)
+            .date();
+        let week = date.iso_week_date();
+        let period = match self.calendar.period {
+            Period::Day => (date.year(), date.month(), date.day()),
+            Period::Week => (week.year(), week.week(), 0),
+            Period::Month => (date.year(), date.month(), 0),
+            Period::Year => (date.year(), 0, 0),
+        };
+        if self.period != Some(period) {
+            self.period = Some(period);
+            self.count = 0;
+        }
+        let admitted = self.count + w <= self.limit;
+        if admitted {
+            self.count += w;
+        }
+        admitted
+    }
+}
+
 /// GCRA in exact integers: time counted in units of `1/requests` ms, so the
 /// emission interval `d/requests` ms is exactly `d` units.
 struct ExactGcra {
@@ -613,6 +650,15 @@ fn definition(spec: &LimitSpec) -> (Box<dyn Definition>, &'static str) {
         Algorithm::SlidingLog | Algorithm::Concurrency => {
             (Box::new(ExactLog::new(limit)), "exact log")
         }
+        Algorithm::Calendar(calendar) => (
+            Box::new(CivilCounter {
+                limit,
+                calendar,
+                period: None,
+                count: 0,
+            }),
+            "civil-date counter",
+        ),
     }
 }
 

@@ -81,7 +81,7 @@ fn any_window() -> impl Strategy<Value = Window> {
 fn granularity(window: &Window) -> u64 {
     match window.algorithm {
         Algorithm::SlidingWindow { precision_ms } => precision_ms,
-        Algorithm::FixedWindow => window.duration_ms,
+        Algorithm::FixedWindow | Algorithm::Calendar(_) => window.duration_ms,
         Algorithm::TokenBucket { .. } | Algorithm::SlidingLog | Algorithm::Concurrency => {
             (window.duration_ms / 10).max(1)
         }

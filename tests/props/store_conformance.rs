@@ -9,6 +9,7 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice::limiter::calendar::{Calendar, Period, Zone};
 use sluice::limiter::{
     Algorithm, Clock, Counting, IdentityBuilder, LimitSpec, MAX_HITS, ManualClock, Role, Window,
 };
@@ -65,6 +66,26 @@ pub fn log(requests: u64, duration_ms: u64) -> LimitSpec {
             algorithm: Algorithm::SlidingLog,
         },
     }
+}
+
+/// `requests` per calendar `period` in `zone`.
+pub fn calendar(requests: u64, period: Period, zone: &str) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms: period.nominal_ms(),
+            algorithm: Algorithm::Calendar(Calendar {
+                period,
+                zone: Zone::get(zone).expect("a zone"),
+            }),
+        },
+    }
+}
+
+/// An RFC 3339 instant in ms since the Unix epoch.
+fn at(text: &str) -> u64 {
+    let t: jiff::Timestamp = text.parse().expect("an RFC 3339 instant");
+    u64::try_from(t.as_millisecond()).expect("after 1970")
 }
 
 /// At most `slots` in flight, each slot leased for `lease_ms`.
@@ -234,6 +255,133 @@ mod cases {
         );
         assert_eq!(used(s, "mix-always", open).await, 3);
         assert_eq!(used(s, "mix-admitted", open).await, 0);
+    }
+
+    /// A month in Paris runs from local midnight on the 1st (23:00 UTC the
+    /// day before in winter) to the next; full, a request is refused until
+    /// then, and `reset` says how long. A leap February has 29 days.
+    pub async fn calendar_months_end_at_local_midnight_and_leap_februaries_have_29_days<
+        S: CounterStore,
+    >(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = calendar(3, Period::Month, "Europe/Paris");
+        c.set(at("2026-01-31T22:59:57Z"));
+        for _ in 0..3 {
+            assert!(
+                apply(s, vec![item("cal-month", &[l], 1, Enforce)])
+                    .await
+                    .admitted
+            );
+        }
+        c.set(at("2026-01-31T22:59:59.999Z"));
+        let o = apply(s, vec![item("cal-month", &[l], 1, Enforce)]).await;
+        assert_eq!(
+            summary(&o),
+            [(3, true, 1)],
+            "the last ms of January in Paris"
+        );
+        c.set(at("2026-01-31T23:00:00Z"));
+        let o = apply(s, vec![item("cal-month", &[l], 1, Enforce)]).await;
+        let february = at("2026-02-28T23:00:00Z") - at("2026-01-31T23:00:00Z");
+        assert_eq!(summary(&o), [(1, false, february)], "February 1st in Paris");
+        assert_eq!(used(s, "cal-month", l).await, 1);
+
+        let l = calendar(2, Period::Month, "UTC");
+        c.set(at("2028-02-29T12:00:00Z"));
+        assert!(
+            apply(s, vec![item("cal-leap", &[l], 2, Enforce)])
+                .await
+                .admitted
+        );
+        let o = apply(s, vec![item("cal-leap", &[l], 1, Enforce)]).await;
+        assert_eq!(summary(&o), [(2, true, 12 * 3_600_000)], "until March 1st");
+        c.set(at("2028-03-01T00:00:00Z"));
+        assert!(
+            apply(s, vec![item("cal-leap", &[l], 1, Enforce)])
+                .await
+                .admitted
+        );
+    }
+
+    /// The days clocks change last 23 and 25 hours, in Paris and in New
+    /// York; a week starts on Monday; a refund gives back within the period.
+    pub async fn calendar_days_follow_daylight_saving_in_two_zones_and_weeks_start_on_monday<
+        S: CounterStore,
+    >(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        const HOUR: u64 = 3_600_000;
+        for (name, zone, midnight, hours) in [
+            (
+                "cal-paris-spring",
+                "Europe/Paris",
+                "2026-03-28T23:00:00Z",
+                23,
+            ),
+            (
+                "cal-paris-autumn",
+                "Europe/Paris",
+                "2026-10-24T22:00:00Z",
+                25,
+            ),
+            (
+                "cal-ny-spring",
+                "America/New_York",
+                "2026-03-08T05:00:00Z",
+                23,
+            ),
+            (
+                "cal-ny-autumn",
+                "America/New_York",
+                "2026-11-01T04:00:00Z",
+                25,
+            ),
+        ] {
+            let l = calendar(1, Period::Day, zone);
+            c.set(at(midnight) - 1);
+            assert!(
+                apply(s, vec![item(name, &[l], 1, Enforce)]).await.admitted,
+                "{name}"
+            );
+            c.set(at(midnight));
+            let o = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert_eq!(
+                summary(&o),
+                [(1, false, hours * HOUR)],
+                "{name}: a day of {hours} h"
+            );
+            c.set(at(midnight) + hours * HOUR - 1);
+            let o = apply(s, vec![item(name, &[l], 1, Enforce)]).await;
+            assert_eq!(summary(&o), [(1, true, 1)], "{name}: its last ms");
+            c.set(at(midnight) + hours * HOUR);
+            assert!(
+                apply(s, vec![item(name, &[l], 1, Enforce)]).await.admitted,
+                "{name}: the next day"
+            );
+        }
+
+        // Saturday 2026-11-28; the week ends at Monday's midnight in Tokyo
+        // (15:00 UTC on Sunday).
+        let l = calendar(5, Period::Week, "Asia/Tokyo");
+        c.set(at("2026-11-28T10:00:00Z"));
+        apply(s, vec![item("cal-week", &[l], 5, Enforce)]).await;
+        let o = apply(s, vec![refund("cal-week", &[l], 2)]).await;
+        assert_eq!(o.limits[0].used, 3, "a refund gives back");
+        let o = apply(s, vec![item("cal-week", &[l], 3, Enforce)]).await;
+        assert_eq!(
+            summary(&o),
+            [(3, true, 29 * HOUR)],
+            "full until Monday in Tokyo"
+        );
+        c.set(at("2026-11-29T15:00:00Z"));
+        assert!(
+            apply(s, vec![item("cal-week", &[l], 5, Enforce)])
+                .await
+                .admitted
+        );
     }
 
     /// A refund gives back at once, never below empty, for every algorithm,
@@ -905,6 +1053,8 @@ suite!(
     weights_summing_past_u64_are_never_admitted,
     a_counter_never_holds_more_than_max_hits,
     weights_at_max_hits_count_exactly,
+    calendar_months_end_at_local_midnight_and_leap_februaries_have_29_days,
+    calendar_days_follow_daylight_saving_in_two_zones_and_weeks_start_on_monday,
 );
 
 /// Random request sequences give identical outcomes in memory and in Redis.
@@ -931,6 +1081,7 @@ mod equivalence {
             log(4, 700),
             log(2, 300),
             concurrency(2, 400),
+            calendar(4, Period::Day, "Europe/Paris"),
         ]
     }
 
@@ -939,7 +1090,7 @@ mod equivalence {
             prop_oneof![6 => Just(Role::Enforce), 1 => Just(Role::Shadow), 1 => Just(Role::Quota)];
         let one = (
             0..4usize,
-            prop::collection::vec(0..9usize, 1..=3),
+            prop::collection::vec(0..10usize, 1..=3),
             0..=4u64,
             role,
             prop_oneof![5 => Just(0u8), 2 => Just(1u8), 2 => Just(2u8)],

@@ -8,6 +8,7 @@
 mod support;
 
 mod batching;
+mod calendar;
 mod cluster_faults;
 mod coalescing;
 mod connections;

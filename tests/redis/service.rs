@@ -32,6 +32,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket}
   - key: log
     rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_log}
+  - key: calendar
+    rate_limit: {unit: month, requests_per_unit: 5, calendar: Europe/Paris}
   - key: a_b
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: a
@@ -141,9 +143,10 @@ async fn admitted_of_200(addrs: &[String], key: &str, value: &str) -> usize {
 
 /// Two `sluice` binaries on `url` with one key prefix; for every algorithm
 /// (limit 5: `client` sliding window, `fixed`, `bucket` token bucket with a
-/// burst of 5, `log` sliding log), rounds of 200 concurrent calls must each
-/// admit exactly 5. The fixed window is a day and the bucket refills one
-/// token in 12 minutes, so no window edge or refill falls inside a round.
+/// burst of 5, `log` sliding log, `calendar` a month in Paris), rounds of
+/// 200 concurrent calls must each admit exactly 5. The fixed window is a
+/// day and the bucket refills one token in 12 minutes, so no window edge or
+/// refill falls inside a round.
 async fn two_replicas_admit_exactly_the_limit(url: &str) {
     let prefix = support::unique_prefix();
     let args = [
@@ -159,7 +162,7 @@ async fn two_replicas_admit_exactly_the_limit(url: &str) {
     let (_a, addr_a) = start_binary(&args);
     let (_b, addr_b) = start_binary(&args);
     let addrs = [addr_a, addr_b];
-    for key in ["client", "fixed", "bucket", "log"] {
+    for key in ["client", "fixed", "bucket", "log", "calendar"] {
         for round in 0..2 {
             let admitted = admitted_of_200(&addrs, key, &format!("hot-{round}")).await;
             assert_eq!(admitted, 5, "{key}, round {round}");

@@ -9,16 +9,19 @@
 //! it). The Redis script implements the same arithmetic (IEEE doubles on both
 //! sides); the store conformance suite keeps the two identical.
 
+mod calendar_window;
 mod fixed_window;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+pub use calendar_window::CalendarWindow;
 pub use fixed_window::FixedWindow;
 pub use sliding_log::{MAX_LOG_ENTRIES, SlidingLog};
 pub use sliding_window::SlidingWindow;
 pub use token_bucket::{MAX_BUCKET_TICKS, TokenBucket};
 
+use super::calendar::Calendar;
 use super::{LimitSpec, Millis, Window};
 
 /// Takes up to `hits` off the newest `(time, count)` entries of a log or
@@ -52,6 +55,10 @@ pub enum Algorithm {
     },
     /// Windows aligned to the Unix epoch, as envoyproxy/ratelimit counts.
     FixedWindow,
+    /// A fixed window that is the calendar period (day, week, month, year)
+    /// containing now in a time zone; the window's `duration_ms` is the
+    /// unit's nominal length, which names the counter.
+    Calendar(Calendar),
     /// GCRA: tokens refill at `requests` per window, up to `burst`.
     TokenBucket {
         /// Most tokens held, i.e. the largest burst admitted at once.
@@ -72,6 +79,7 @@ impl Algorithm {
         match self {
             Algorithm::SlidingWindow { .. } => "sliding_window",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::Calendar(_) => "calendar",
             Algorithm::TokenBucket { .. } => "token_bucket",
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::Concurrency => "concurrency",
@@ -87,6 +95,7 @@ impl std::fmt::Display for Algorithm {
         match self {
             Algorithm::SlidingWindow { precision_ms } => write!(f, " precision={precision_ms}ms"),
             Algorithm::TokenBucket { burst } => write!(f, " burst={burst}"),
+            Algorithm::Calendar(c) => write!(f, " {} in {}", c.period.name(), c.zone.name()),
             Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::Concurrency => Ok(()),
         }
     }
@@ -110,6 +119,8 @@ pub enum State {
     Sliding(SlidingWindow),
     /// See [`FixedWindow`].
     Fixed(FixedWindow),
+    /// See [`CalendarWindow`].
+    Calendar(CalendarWindow),
     /// See [`TokenBucket`].
     Bucket(TokenBucket),
     /// See [`SlidingLog`].
@@ -122,6 +133,7 @@ impl State {
         match spec.window.algorithm {
             Algorithm::SlidingWindow { .. } => State::Sliding(SlidingWindow::default()),
             Algorithm::FixedWindow => State::Fixed(FixedWindow::default()),
+            Algorithm::Calendar(_) => State::Calendar(CalendarWindow::default()),
             Algorithm::TokenBucket { .. } => State::Bucket(TokenBucket::default()),
             Algorithm::SlidingLog | Algorithm::Concurrency => State::Log(SlidingLog::default()),
         }
@@ -133,6 +145,7 @@ impl State {
         match self {
             State::Sliding(s) => s.used(spec, now),
             State::Fixed(s) => s.used(spec, now),
+            State::Calendar(s) => s.used(calendar(spec), now),
             State::Bucket(s) => s.used(spec, now),
             State::Log(s) => s.used(spec, now),
         }
@@ -153,6 +166,7 @@ impl State {
         match self {
             State::Sliding(s) => s.add(spec, now, hits),
             State::Fixed(s) => s.add(spec, now, hits),
+            State::Calendar(s) => s.add(calendar(spec), now, hits),
             State::Bucket(s) => s.add(spec, now, hits),
             State::Log(s) => s.add(spec, now, hits),
         }
@@ -165,6 +179,7 @@ impl State {
         match self {
             State::Sliding(s) => s.refund(spec, now, hits),
             State::Fixed(s) => s.refund(spec, now, hits),
+            State::Calendar(s) => s.refund(calendar(spec), now, hits),
             State::Bucket(s) => s.refund(spec, now, hits),
             State::Log(s) => s.refund(spec, now, hits),
         }
@@ -175,6 +190,7 @@ impl State {
         match self {
             State::Sliding(s) => s.reset_ms(spec, now),
             State::Fixed(s) => s.reset_ms(spec, now),
+            State::Calendar(s) => s.reset_ms(calendar(spec), now),
             State::Bucket(s) => s.reset_ms(spec, now),
             State::Log(s) => s.reset_ms(spec, now),
         }
@@ -189,6 +205,7 @@ impl State {
         match self {
             State::Sliding(s) => s.full_for(spec, now),
             State::Fixed(s) if s.hits_now(spec, now) >= spec.requests => s.reset_ms(spec, now),
+            State::Calendar(s) => s.full_for(spec, calendar(spec), now),
             State::Bucket(s) if !s.fits(spec, now, 1) => s.reset_ms(spec, now),
             // Exactly full: beyond the limit the next read trims the oldest
             // hits, which moves the reset; empty, the reset moves with `now`.
@@ -203,7 +220,7 @@ impl State {
         match self {
             State::Sliding(s) => s.heap_bytes(),
             State::Log(s) => s.heap_bytes(),
-            State::Fixed(_) | State::Bucket(_) => 0,
+            State::Fixed(_) | State::Calendar(_) | State::Bucket(_) => 0,
         }
     }
 
@@ -212,8 +229,22 @@ impl State {
         match self {
             State::Sliding(s) => s.expires_at(window),
             State::Fixed(s) => s.expires_at(window),
+            State::Calendar(s) => s.expires_at(),
             State::Bucket(s) => s.expires_at(),
             State::Log(s) => s.expires_at(window),
+        }
+    }
+}
+
+/// The calendar of a limit counted by a [`CalendarWindow`]. A state is made
+/// for its limit's algorithm (see [`State::new`]), so any other is a bug
+/// upstream; UTC days then stand in rather than a panic.
+fn calendar(spec: &LimitSpec) -> Calendar {
+    match spec.window.algorithm {
+        Algorithm::Calendar(c) => c,
+        _ => {
+            debug_assert!(false, "a calendar state for {}", spec.window.algorithm);
+            Calendar::utc_days()
         }
     }
 }

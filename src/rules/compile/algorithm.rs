@@ -5,10 +5,11 @@
 use std::collections::HashMap;
 
 use super::Compiler;
-use crate::limiter::Algorithm;
 use crate::limiter::algorithm::{MAX_BUCKET_TICKS, MAX_LOG_ENTRIES};
+use crate::limiter::calendar::{Calendar, Period, Zone};
+use crate::limiter::{Algorithm, Unit};
 use crate::rules::duration::parse_duration;
-use crate::rules::yaml::Node as Yaml;
+use crate::rules::yaml::{Kind, Node as Yaml};
 
 /// Buckets per window when `precision` is not given: the largest divisor of the
 /// window up to 10. Ten buckets keep the interpolated bucket (the only source of
@@ -21,19 +22,24 @@ pub const DEFAULT_BUCKETS: u64 = 10;
 pub const MAX_BUCKETS: u64 = 3_600;
 
 impl Compiler<'_> {
-    /// The algorithm of a rate limit whose window is `duration_ms` long
-    /// (`None` when the unit is wrong: the precision is then checked alone).
+    /// The algorithm of a rate limit whose window is `duration_ms` long and
+    /// reported as `unit` (`None` when the unit is wrong: the precision is
+    /// then checked alone).
     pub(super) fn algorithm(
         &mut self,
         map: &HashMap<&str, &Yaml>,
         path: &str,
-        duration_ms: Option<u64>,
+        window: Option<(u64, Unit)>,
         requests: Option<u64>,
     ) -> Option<Algorithm> {
+        let duration_ms = window.map(|(ms, _)| ms);
         let (name, line) = match map.get("algorithm") {
             Some(a) => (self.string(a, path, "algorithm")?, a.line),
             None => (String::new(), 0),
         };
+        if let Some(zone) = map.get("calendar") {
+            return self.calendar(map, zone, path, &name, line, window.map(|(_, unit)| unit));
+        }
         if name != "token_bucket"
             && let Some(burst) = map.get("burst")
         {
@@ -134,6 +140,58 @@ impl Compiler<'_> {
             ),
             None => Some(()),
         }
+    }
+
+    /// A calendar period (`calendar: <IANA zone>`), counted as a fixed
+    /// window over the day, week, month or year its unit names. `line` is
+    /// the algorithm's (0 when none is given); `unit` is `None` when the
+    /// unit is wrong (reported).
+    fn calendar(
+        &mut self,
+        map: &HashMap<&str, &Yaml>,
+        zone: &Yaml,
+        path: &str,
+        name: &str,
+        line: usize,
+        unit: Option<Unit>,
+    ) -> Option<Algorithm> {
+        if !name.is_empty() && name != "fixed_window" {
+            return self.fail(
+                line,
+                path,
+                format!("'calendar' periods are counted as fixed windows: remove 'algorithm: {name}' or 'calendar'"),
+            );
+        }
+        self.no_precision(map.get("precision").copied(), path)?;
+        let (text, zone_line) = (self.string(zone, path, "calendar")?, zone.line);
+        let zone = match Zone::get(&text) {
+            Ok(zone) => zone,
+            Err(e) => return self.fail(zone_line, path, format!("calendar: {e}")),
+        };
+        // Named, not a length that happens to match one (`30d` is not a
+        // month).
+        unit?;
+        let unit = map.get("unit");
+        let named = unit
+            .and_then(|u| match &u.kind {
+                Kind::Scalar { text, .. } => Unit::from_proto_name(text),
+                _ => None,
+            })
+            .unwrap_or(Unit::Unknown);
+        let period = match named {
+            Unit::Day => Period::Day,
+            Unit::Week => Period::Week,
+            Unit::Month => Period::Month,
+            Unit::Year => Period::Year,
+            _ => {
+                return self.fail(
+                    unit.map_or(zone_line, |u| u.line),
+                    path,
+                    "'calendar' needs unit day, week, month or year (a calendar period)",
+                );
+            }
+        };
+        Some(Algorithm::Calendar(Calendar { period, zone }))
     }
 
     /// A token bucket and its `burst:`, whose state must stay exact: burst

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use super::Compiler;
 use super::tree::Flags;
-use crate::limiter::{LimitSpec, Role, Unit, Window};
+use crate::limiter::calendar::Calendar;
+use crate::limiter::{Algorithm, LimitSpec, Role, Unit, Window};
 use crate::rules::duration::{parse_duration, parse_unit};
 use crate::rules::yaml::{Kind, Node as Yaml};
 use crate::rules::{Annotations, Limit, Rule};
@@ -22,6 +23,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "precision",
     "burst",
     "lease",
+    "calendar",
 ];
 
 /// How long a concurrency slot is held when no release comes: long enough
@@ -82,6 +84,32 @@ impl Compiler<'_> {
                 path,
                 "an unlimited rate limit cannot be combined with other limits",
             );
+        }
+        // One identity's counters share a HASH in Redis, where a calendar
+        // period's fields are named by its unit alone.
+        let calendars: Vec<Calendar> = limits
+            .iter()
+            .filter_map(|l| match l.spec.window.algorithm {
+                Algorithm::Calendar(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        for (i, a) in calendars.iter().enumerate() {
+            if let Some(b) = calendars[..i]
+                .iter()
+                .find(|b| b.period == a.period && b.zone != a.zone)
+            {
+                return self.fail(
+                    line,
+                    path,
+                    format!(
+                        "two calendar limits per {} in different zones ('{}' and '{}'): one descriptor counts a period in one zone",
+                        a.period.name(),
+                        b.zone.name(),
+                        a.zone.name()
+                    ),
+                );
+            }
         }
         let role = if flags.shadow_mode {
             Role::Shadow
@@ -145,7 +173,7 @@ impl Compiler<'_> {
             Some(n) => self.integer(n, path, "requests_per_unit", u64::from(u32::MAX)),
             None => self.fail(node.line, path, "'requests_per_unit' is required"),
         };
-        let algorithm = self.algorithm(&map, path, window.map(|(ms, _)| ms), requests);
+        let algorithm = self.algorithm(&map, path, window, requests);
         let (duration_ms, reported) = window?;
         let (requests, algorithm, name, replaces) = (requests?, algorithm?, name?, replaces?);
         Some(Parsed::Limit(Limit {

@@ -312,7 +312,7 @@ impl Shared {
                 }
             };
             let (_, group_keys, args) = &mut by_slot[group];
-            push_refund(args, &owed.limits, &answers, owed.hits);
+            push_refund(args, &owed.limits, &answers, owed.hits, self.clock.now());
             group_keys.push(owed.key);
         }
         let counts = &self.refunds;

@@ -384,7 +384,7 @@ fn batch_eval(calls: &Shared, slot: u16, members: &[Waiter], lens: &[usize]) -> 
         })
     };
     let keys = firsts().map(|m| m.request.key.as_str());
-    let (limits, limit_of) = batch_limits(firsts().map(|m| &m.request.limit));
+    let (limits, limit_of) = batch_limits(firsts().map(|m| &m.request.limit), calls.clock.now());
     let algorithms = batch_algorithms(&limits);
     let args = 2 + batch_args(limits.len());
     let mut eval = Eval::new(&calls.batch, keys.collect::<Vec<_>>(), slot, args);

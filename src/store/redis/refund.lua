@@ -24,7 +24,7 @@ once, in its own part).
 -- Not decide.lua's request: every algorithm is built (a refund is rare, and
 -- each 'undo' reads and writes its own fields), and no operation of a refund
 -- reads the clock.
-local now, uses_sliding, uses_fixed, uses_bucket, uses_log = false, true, true, true, true
+local now, uses_sliding, uses_fixed, uses_bucket, uses_log, uses_calendar = false, true, true, true, true, true
 
 -- @@ algorithms @@
 
@@ -36,7 +36,7 @@ for i = 1, #KEYS do
   for _ = 1, count do
     local code = ARGV[a + 2]
     local alg = code == '0' and sliding_window or code == '1' and fixed_window
-      or code == '2' and token_bucket or sliding_log
+      or code == '2' and token_bucket or code == '4' and calendar_window or sliding_log
     refunded = refunded + alg('undo', key, a, alg('prefix', ARGV[a + 1], ARGV[a + 3]))
     a = a + 6
   end

@@ -3,7 +3,7 @@
 
 use redis::{Cmd, FromRedisValue, ParsingError, Value};
 
-use crate::limiter::{Algorithm, Counting, LimitSpec, Role};
+use crate::limiter::{Algorithm, Counting, LimitSpec, Millis, Role};
 use crate::store::{BatchItem, LimitOutcome, counted_used};
 
 pub(super) fn hits(hits: u64) -> i64 {
@@ -31,9 +31,11 @@ pub(super) fn role_code(item: &BatchItem) -> u8 {
 pub(super) const LIMIT_ARGS: usize = 4;
 
 /// `requests, duration_ms, algorithm, param` of one limit, as both scripts
-/// take them.
-pub(super) fn limit_args(limit: &LimitSpec) -> [i64; LIMIT_ARGS] {
+/// take them; a calendar period's are those of the period containing `now`
+/// (the caller's clock: see calendar_window.lua).
+pub(super) fn limit_args(limit: &LimitSpec, now: Millis) -> [i64; LIMIT_ARGS] {
     let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let mut duration_ms = limit.window.duration_ms;
     let (algorithm, param) = match limit.window.algorithm {
         Algorithm::SlidingWindow { precision_ms } => (0, precision_ms),
         Algorithm::FixedWindow => (1, 0),
@@ -41,13 +43,13 @@ pub(super) fn limit_args(limit: &LimitSpec) -> [i64; LIMIT_ARGS] {
         Algorithm::SlidingLog => (3, 0),
         // A log of leased slots, kept apart from a sliding log of the same length.
         Algorithm::Concurrency => (3, 1),
+        Algorithm::Calendar(calendar) => {
+            let (start, end) = calendar.bounds(now);
+            duration_ms = end - start;
+            (4, start)
+        }
     };
-    [
-        int(limit.requests),
-        int(limit.window.duration_ms),
-        algorithm,
-        int(param),
-    ]
+    [int(limit.requests), int(duration_ms), algorithm, int(param)]
 }
 
 /// One item's answers from its slot group, and whether the group counted it.
@@ -140,21 +142,27 @@ pub(super) const ITEM_ARGS: usize = 3;
 
 /// decide.lua's arguments for one item: role, hits, number of limits, and
 /// each limit's.
-pub(super) fn push_item(cmd: &mut Cmd, item: &BatchItem) {
+pub(super) fn push_item(cmd: &mut Cmd, item: &BatchItem, now: Millis) {
     cmd.arg(role_code(item))
         .arg(hits(item.hits))
         .arg(item.limits.len());
     for limit in &item.limits {
-        cmd.arg(&limit_args(limit)[..]);
+        cmd.arg(&limit_args(limit, now)[..]);
     }
 }
 
 /// refund.lua's arguments for one item: number of limits, then per limit
 /// its arguments, the slot decide.lua counted in, and the hits to give back.
-pub(super) fn push_refund(args: &mut Vec<i64>, limits: &[LimitSpec], answers: &[Answer], n: u64) {
+pub(super) fn push_refund(
+    args: &mut Vec<i64>,
+    limits: &[LimitSpec],
+    answers: &[Answer],
+    n: u64,
+    now: Millis,
+) {
     args.push(answers.len() as i64);
     for (limit, answer) in limits.iter().zip(answers) {
-        args.extend(limit_args(limit));
+        args.extend(limit_args(limit, now));
         args.extend([answer.slot, hits(n)]);
     }
 }
@@ -181,11 +189,12 @@ pub(super) fn batch_algorithms(limits: &[[i64; LIMIT_ARGS]]) -> &'static str {
 /// for each run the number batch.lua names its limit by (1 for the first).
 pub(super) fn batch_limits<'a>(
     limits: impl Iterator<Item = &'a LimitSpec>,
+    now: Millis,
 ) -> (Vec<[i64; LIMIT_ARGS]>, Vec<usize>) {
     let mut distinct: Vec<[i64; LIMIT_ARGS]> = Vec::new();
     let of_run = limits
         .map(|limit| {
-            let args = limit_args(limit);
+            let args = limit_args(limit, now);
             match distinct.iter().position(|d| *d == args) {
                 Some(at) => at + 1,
                 None => {

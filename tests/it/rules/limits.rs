@@ -466,3 +466,35 @@ fn token_bucket_and_sliding_log_take_no_precision_and_burst_is_positive() {
     let zero = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: token_bucket\n      burst: 0\n";
     assert_error(&only_error(zero), 8, "d/a", "'burst' must be at least 1");
 }
+
+#[test]
+fn calendar_periods_load_with_their_zone_and_report_the_named_unit() {
+    use sluice::limiter::calendar::{Calendar, Period, Zone};
+    for (unit, period, zone) in [
+        ("day", Period::Day, "UTC"),
+        ("week", Period::Week, "America/New_York"),
+        ("Month", Period::Month, "Europe/Paris"),
+        ("year", Period::Year, "Asia/Tokyo"),
+    ] {
+        let limit = limit_of(&format!(
+            "      unit: {unit}\n      requests_per_unit: 10000000\n      calendar: {zone}\n"
+        ));
+        let calendar = Calendar {
+            period,
+            zone: Zone::get(zone).expect("a zone"),
+        };
+        assert_eq!(limit.spec.window.algorithm, Algorithm::Calendar(calendar));
+        // The counter is named by the unit's nominal length, as a fixed
+        // window of that unit would be.
+        assert_eq!(limit.spec.window.duration_ms, period.nominal_ms());
+        assert_eq!(limit.unit.proto_name(), unit.to_uppercase());
+    }
+    // `algorithm: fixed_window` may be said.
+    let limit = limit_of(
+        "      unit: day\n      requests_per_unit: 5\n      algorithm: fixed_window\n      calendar: UTC\n",
+    );
+    assert!(matches!(
+        limit.spec.window.algorithm,
+        Algorithm::Calendar(_)
+    ));
+}

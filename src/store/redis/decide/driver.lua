@@ -22,7 +22,7 @@ local reply, only, one_role, one_hits, one_over, one_alg, one_st, one_l, one_use
 if single then
   local role, hits, code = ARGV[3], ARGV[4] + 0, ARGV[8]
   local alg = code == '0' and sliding_window or code == '1' and fixed_window
-    or code == '2' and token_bucket or sliding_log
+    or code == '2' and token_bucket or code == '4' and calendar_window or sliding_log
   -- The key record as request.lua makes it; the limit record without its
   -- item (no algorithm reads it).
   only = {
@@ -60,7 +60,7 @@ else
     local arg, k = l[L_ARG], l[L_ITEM][I_KEY]
     local code = ARGV[arg + 2]
     local alg = code == '0' and sliding_window or code == '1' and fixed_window
-      or code == '2' and token_bucket or sliding_log
+      or code == '2' and token_bucket or code == '4' and calendar_window or sliding_log
     local f = alg('prefix', ARGV[arg + 1], ARGV[arg + 3])
     local st
     for i = 1, j - 1 do

@@ -22,6 +22,9 @@ limit: requests, duration_ms, algorithm, param:
   2 token_bucket    param = burst
   3 sliding_log     param = 0; 1 for concurrency (a log of leased slots,
                     window = lease, fields "D:c:…")
+  4 calendar        duration_ms = the period's length (E - S), param = its
+                    start S: the calendar period containing the caller's
+                    now (see calendar_window.lua)
 A whole call of one enforcing item (role 0) with one limit may carry more
 requests of that key and limit, coalesced by the caller (see
 src/store/redis/coalesce.rs): after the limit, one weight per request.
@@ -76,11 +79,11 @@ local single = #KEYS == 1 and ARGV[5] == '1'
 -- one per limit (records: see prelude.lua); the states are planned by the
 -- driver.
 local items, limits, nl, a = false, false, 0, 3
-local uses_sliding, uses_fixed, uses_bucket, uses_log = false, false, false, false
+local uses_sliding, uses_fixed, uses_bucket, uses_log, uses_calendar = false, false, false, false, false
 if single then
   local alg = ARGV[8]
-  uses_sliding, uses_fixed, uses_bucket = alg == '0', alg == '1', alg == '2'
-  uses_log = not (uses_sliding or uses_fixed or uses_bucket)
+  uses_sliding, uses_fixed, uses_bucket, uses_calendar = alg == '0', alg == '1', alg == '2', alg == '4'
+  uses_log = not (uses_sliding or uses_fixed or uses_bucket or uses_calendar)
 else
   items, limits = {}, {}
   for i = 1, #KEYS do
@@ -112,6 +115,8 @@ else
         uses_fixed = true
       elseif alg == '2' then
         uses_bucket = true
+      elseif alg == '4' then
+        uses_calendar = true
       else
         uses_log = true
       end
