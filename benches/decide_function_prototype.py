@@ -32,7 +32,7 @@ for old, new in [
     ("local whole = ", "whole = "),
     ("local single = ", "single = "),
     ("local items, limits, nl, a = ", "items, limits, nl, a = "),
-    ("local uses_sliding, uses_fixed, uses_bucket, uses_log = false, false, false, false\n", ""),
+    ("local uses_sliding, uses_fixed, uses_bucket, uses_log, uses_calendar = false, false, false, false, false\n", ""),
 ]:
     assert old in request, old
     request = request.replace(old, new)
@@ -44,9 +44,9 @@ out = ["#!lua name=sluice_bench\n"]
 out.append("local decide\n")
 out.append("local function build()\n")
 out.append("local KEYS, ARGV, now, whole, single, items, limits, nl, a\n")
-out.append("local uses_sliding, uses_fixed, uses_bucket, uses_log = true, true, true, true\n")
+out.append("local uses_sliding, uses_fixed, uses_bucket, uses_log, uses_calendar = true, true, true, true, true\n")
 out.append(named["prelude"])
-for alg in ("sliding_window", "fixed_window", "token_bucket", "sliding_log"):
+for alg in ("sliding_window", "fixed_window", "token_bucket", "sliding_log", "calendar_window"):
     out.append(named[alg])
 out.append("return function(keys, args)\nKEYS, ARGV = keys, args\n")
 out.append(clock)
