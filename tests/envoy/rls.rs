@@ -832,6 +832,68 @@ async fn concurrency_slots_are_taken_released_and_leased() {
     .await;
 }
 
+/// One limit of 2 per plan, for every algorithm and a calendar period
+/// (Sluice's clock, T0, is 23:00 in Paris: the day ends in an hour).
+const RETRY_RULES: &str = r#"
+domain: api
+descriptors:
+  - {key: plan, value: sliding, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: plan, value: fixed, rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}}
+  - {key: plan, value: bucket, rate_limit: {unit: minute, requests_per_unit: 2, algorithm: token_bucket}}
+  - {key: plan, value: log, rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_log}}
+  - {key: plan, value: slots, rate_limit: {algorithm: concurrency, requests_per_unit: 2, lease: 45s}}
+  - {key: plan, value: daily, rate_limit: {unit: day, requests_per_unit: 2, calendar: Europe/Paris}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_retrying_exactly_after_retry_after_is_admitted_for_every_algorithm() {
+    let sluice = Sluice::start(RETRY_RULES, ServeExtras::default()).await;
+    let app = Arc::new(App::start());
+    let (config, front, admin) = bootstrap(snippet_filters("retry"), None, sluice.addr(), app.addr);
+    let envoy = Envoy::start(&config, front, admin);
+    let sluice = Arc::new(sluice);
+    let s = sluice.clone();
+    blocking(move || {
+        let mut answered = 0;
+        // (plan, the longest Retry-After it may give: its window or lease,
+        // and for the sliding window one more bucket, 6 s)
+        for (plan, longest) in [
+            ("sliding", 66),
+            ("fixed", 60),
+            ("bucket", 60),
+            ("log", 60),
+            ("slots", 45),
+            ("daily", 3_600),
+        ] {
+            let headers = [("x-plan", plan)];
+            for _ in 0..2 {
+                assert_eq!(get(front, "/", &headers).status, 200, "{plan}");
+            }
+            let refused = get(front, "/", &headers);
+            answered += 3;
+            s.wait_answered(answered);
+            assert_eq!(refused.status, 429, "{plan}: {refused:?}");
+            let after: u64 = refused
+                .header("retry-after")
+                .unwrap_or_else(|| panic!("{plan}: no Retry-After: {refused:?}"))
+                .parse()
+                .expect("whole seconds");
+            assert!(
+                (1..=longest).contains(&after),
+                "{plan}: Retry-After {after}"
+            );
+            // Waiting exactly that long is enough.
+            s.clock.advance(after * 1_000);
+            let retried = get(front, "/", &headers);
+            answered += 1;
+            s.wait_answered(answered);
+            assert_eq!(retried.status, 200, "{plan} after {after} s: {retried:?}");
+        }
+        drop(envoy);
+    })
+    .await;
+}
+
 #[test]
 fn every_envoy_snippet_of_the_docs_is_run_by_a_test() {
     let this = std::fs::read_to_string(repo().join("tests/envoy/rls.rs")).unwrap();
