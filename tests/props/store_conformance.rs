@@ -895,6 +895,34 @@ mod cases {
         }
     }
 
+    /// A request refused by one item counts nothing on its calendar items,
+    /// whatever slot they are in (on a Cluster, the parts counted elsewhere
+    /// are refunded by refund.lua's calendar undo).
+    pub async fn a_refused_request_leaves_its_calendar_counters_as_they_were<S: CounterStore>(
+        s: &S,
+        _: &ManualClock,
+    ) {
+        let month = calendar(5, Period::Month, "Europe/Paris");
+        let full = fixed(1, 60_000);
+        let names: Vec<String> = (0..4).map(|i| format!("cal-refused-{i}")).collect();
+        let items = |hits| {
+            let mut items: Vec<BatchItem> = names
+                .iter()
+                .map(|n| item(n, &[month], hits, Enforce))
+                .collect();
+            items.push(item("cal-refused-full", &[full], 1, Enforce));
+            items
+        };
+        assert!(apply(s, items(2)).await.admitted);
+        assert!(
+            !apply(s, items(1)).await.admitted,
+            "the fixed window is full"
+        );
+        for n in &names {
+            assert_eq!(used(s, n, month).await, 2, "{n}: only the admitted request");
+        }
+    }
+
     /// Weights whose sum passes u64 (the 2^64 − 1 of issue 11) fit nothing:
     /// never wrapped into a small number, nothing counted, and the counter
     /// keeps counting right afterwards.
@@ -1055,6 +1083,7 @@ suite!(
     weights_at_max_hits_count_exactly,
     calendar_months_end_at_local_midnight_and_leap_februaries_have_29_days,
     calendar_days_follow_daylight_saving_in_two_zones_and_weeks_start_on_monday,
+    a_refused_request_leaves_its_calendar_counters_as_they_were,
 );
 
 /// Random request sequences give identical outcomes in memory and in Redis.
