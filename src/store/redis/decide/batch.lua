@@ -39,7 +39,8 @@ about 900 instructions; and less for Redis than a reply array).
 
 Cost: what depends only on a limit and now (its numbers, the prefix and
 names of its fields, the state's constants) is made once per limit, not per
-run: a run takes over the records of its limit's run before ('again').
+run: a run takes over the records of its limit's run before (an
+algorithm's 'load' sets every value of its state that depends on the key).
 A table's array part is sized when it is made (a slot past it costs a hash
 insert and a rehash: callgrind, see BENCHMARKS.md).
 ]]
@@ -81,7 +82,7 @@ for i = 1, #KEYS do
     -- the same names.
     k = before[S_KEY]
     k[K_NAME], k[K_WRITES], k[K_DELETES], k[K_UNTIL], k[K_STORED] = key, 0, false, 0, 0
-    st = alg('again', before)
+    st = before
   else
     k = {
       [K_NAME] = key, [K_READS] = 1, [K_WRITES] = 0, [K_DELETES] = false, [K_UNTIL] = 0,

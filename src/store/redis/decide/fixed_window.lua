@@ -56,9 +56,6 @@ fixed_window = uses_fixed and function(op, st, l, x)
     write(st[S_KEY], st[S_PREFIX] .. 'w', fmt('%d', st[FW_STORED]))
     write(st[S_KEY], st[S_PREFIX] .. 'c', fmt('%d', st[FW_HITS]))
     return st[FW_HITS]
-  elseif op == 'again' then
-    st[S_USED], st[S_PENDING], st[S_FIRST], st[FW_STORED], st[FW_HITS] = 0, 0, 0, false, 0
-    return st
   elseif op == 'new' then
     local k, n = st, st[K_READS]
     local at = K_FIELDS - 1 + n

@@ -119,13 +119,11 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 --   'new'   st = key record, l = the first limit counted on it, x = prefix:
 --           a new state whose fields are appended to the key's HMGET
 --           (S_AT: how many names come before them)
---   'again' batch.lua's: the state `st` (and its key record, whose name
---           the caller changed) made again for another key counted on the
---           same limit at the same now: what 'load' and the counting left
---           in it is forgotten, the names and constants are kept; returns st
 --   'load'  x = that HMGET's reply: the state as stored, brought to `now`
 --           (what left the window forgotten); returns what is in use, or
---           nil when that depends on the limit
+--           nil when that depends on the limit. It sets every value of the
+--           state that depends on the key, so that batch.lua's next run of
+--           the same limit at the same now loads another key into it
 --   'used'  how much of l's capacity is in use (asked when 'load' said nil)
 --   'fits'  whether x hits fit l (asked when 'load' said nil; otherwise a
 --           limit fits when used + x <= requests)

@@ -50,6 +50,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     o, n = o and o + 0, n and n + 0
     st[SW_TOTAL], st[SW_LOW], st[SW_HIGH] = t, o, n
     st[SW_OLDEST_HITS], st[SW_CUR_HITS] = c_oldest and c_oldest + 0, c_cur and c_cur + 0
+    st[SW_OTHERS] = false
     if t > 0 and o < oldest then
       -- Buckets o..n, some of which left the window: read the span once (at
       -- most one bucket per bucket of the window since the previous call),
@@ -168,10 +169,6 @@ sliding_window = uses_sliding and function(op, st, l, x)
       return reset, math.max(o * p + d - now, 0)
     end
     return reset, 0
-  elseif op == 'again' then
-    st[S_USED], st[S_PENDING], st[S_FIRST], st[SW_TOTAL] = 0, 0, 0, 0
-    st[SW_LOW], st[SW_HIGH], st[SW_OLDEST_HITS], st[SW_CUR_HITS], st[SW_OTHERS] = false, false, false, false, false
-    return st
   elseif op == 'new' then
     local k, d = st, l[L_DURATION]
     local p = ARGV[l[L_ARG] + 3] + 0

@@ -128,9 +128,6 @@ token_bucket = uses_bucket and function(op, st, l, x)
     local i = st[S_AT]
     st[TB_ARRIVAL], st[TB_REST] = (x[i + TBF_ARRIVAL] or 0) + 0, (x[i + TBF_REST] or 0) + 0
     return nil -- in use: per limit, see 'used'
-  elseif op == 'again' then
-    st[S_USED], st[S_PENDING], st[S_FIRST], st[TB_ARRIVAL], st[TB_REST] = 0, 0, 0, 0, 0
-    return st
   elseif op == 'new' then
     local k, n = st, st[K_READS]
     local at = K_FIELDS - 1 + n
