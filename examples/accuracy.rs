@@ -514,12 +514,17 @@ impl Definition for EpochCounter {
             self.epoch = t / WINDOW_MS;
             self.count = 0;
         }
-        let admitted = self.count + w <= self.limit;
-        if admitted {
-            self.count += w;
-        }
-        admitted
+        count_if_it_fits(&mut self.count, self.limit, w)
     }
+}
+
+/// Counts `w` in `count` when it fits `limit`; whether it did.
+fn count_if_it_fits(count: &mut u64, limit: u64, w: u64) -> bool {
+    let admitted = *count + w <= limit;
+    if admitted {
+        *count += w;
+    }
+    admitted
 }
 
 /// A calendar period's counter, by the civil date: the count starts again
@@ -551,11 +556,7 @@ impl Definition for CivilCounter {
             self.period = Some(period);
             self.count = 0;
         }
-        let admitted = self.count + w <= self.limit;
-        if admitted {
-            self.count += w;
-        }
-        admitted
+        count_if_it_fits(&mut self.count, self.limit, w)
     }
 }
 

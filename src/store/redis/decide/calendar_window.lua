@@ -102,14 +102,9 @@ calendar_window = uses_calendar and function(op, st, l, x)
       or len < 32 * day and 30 * day or 365 * day
     return fmt('%d', nominal) .. ':k:'
   elseif op == 'undo' then
-    -- refund.lua: the hits counted in the period decide.lua answered come
-    -- back, if it is still the stored one.
-    local key, f, slot, hits = st, x, ARGV[l + 4] + 0, ARGV[l + 5] + 0
-    local s = redis.call('HMGET', key, f .. 'w', f .. 'c')
-    if s[1] and s[1] + 0 == slot then
-      redis.call('HSET', key, f .. 'c', fmt('%d', max(0, (s[2] or 0) - hits)))
-      return 1
-    end
-    return 0
+    -- refund.lua (which builds every algorithm): the hits counted in the
+    -- period decide.lua answered come back if it is still the stored one,
+    -- as a fixed window's do (the same "w" and "c").
+    return fixed_window('undo', st, l, x)
   end
 end
