@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::Compiler;
 use super::tree::Flags;
-use crate::limiter::{LimitSpec, Role, Unit, Window};
+use crate::limiter::{LimitSpec, Role, SoftRatio, Unit, Window};
 use crate::rules::duration::{parse_duration, parse_unit};
 use crate::rules::yaml::{Kind, Node as Yaml};
 use crate::rules::{Annotations, Limit, Rule};
@@ -22,6 +22,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "precision",
     "burst",
     "lease",
+    "soft_ratio",
 ];
 
 /// How long a concurrency slot is held when no release comes: long enough
@@ -136,6 +137,13 @@ impl Compiler<'_> {
                     "should not specify rate limit unit when unlimited",
                 );
             }
+            if let Some(node) = map.get("soft_ratio").filter(|node| !node.is_null()) {
+                return self.fail(
+                    node.line,
+                    path,
+                    "'soft_ratio' has no meaning when unlimited: nothing is counted",
+                );
+            }
             return Some(Parsed::Unlimited);
         }
         // Each part is checked even when another is wrong, so that every error
@@ -146,8 +154,10 @@ impl Compiler<'_> {
             None => self.fail(node.line, path, "'requests_per_unit' is required"),
         };
         let algorithm = self.algorithm(&map, path, window.map(|(ms, _)| ms), requests);
+        let soft_ratio = self.soft_ratio(map.get("soft_ratio").copied(), path);
         let (duration_ms, reported) = window?;
         let (requests, algorithm, name, replaces) = (requests?, algorithm?, name?, replaces?);
+        let soft_ratio = soft_ratio?;
         Some(Parsed::Limit(Limit {
             spec: LimitSpec {
                 requests,
@@ -159,6 +169,7 @@ impl Compiler<'_> {
             unit: reported,
             name: name.map(Arc::from),
             replaces,
+            soft_ratio,
         }))
     }
 
@@ -209,6 +220,33 @@ impl Compiler<'_> {
                 ),
             }
         }
+    }
+
+    /// `soft_ratio:`, the share of the limit past which admitted requests
+    /// are warned; `Some(None)` when absent or null, `None` when wrong
+    /// (reported).
+    fn soft_ratio(&mut self, node: Option<&Yaml>, path: &str) -> Option<Option<SoftRatio>> {
+        let Some(node) = node.filter(|node| !node.is_null()) else {
+            return Some(None);
+        };
+        let found = match &node.kind {
+            Kind::Scalar {
+                text,
+                quoted: false,
+            } => match text.parse::<f64>().map_err(|_| "").and_then(SoftRatio::new) {
+                Ok(ratio) => return Some(Some(ratio)),
+                Err(_) => text.clone(),
+            },
+            Kind::Scalar { text, .. } => format!("the string \"{text}\""),
+            _ => node.shape().to_owned(),
+        };
+        self.fail(
+            node.line,
+            path,
+            format!(
+                "'soft_ratio' must be a number above 0 and at most 1, e.g. 0.8 (found {found})"
+            ),
+        )
     }
 
     /// `lease:` of a concurrency limit, in milliseconds (the default when absent).
