@@ -4,6 +4,11 @@
 //!
 //! Both describe the descriptor closest to its limit: the first one over
 //! limit, otherwise the one with the least remaining.
+//!
+//! Two warnings of an admitted request ride along, whatever the mode: to
+//! the client, `x-ratelimit-soft-breach: 1` once a limit is past its
+//! `soft_ratio`; to the upstream (Envoy's `request_headers_to_add`, when
+//! asked), the headroom left and which limit it is.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +25,52 @@ pub enum HeaderMode {
     Draft03,
     /// `RateLimit-Policy` and `RateLimit`.
     Ietf,
+}
+
+/// Added to an admitted response when some limit is past its soft ratio.
+pub const SOFT_BREACH: &str = "x-ratelimit-soft-breach";
+/// Told the upstream: requests left under the tightest limit.
+pub const HEADROOM_REMAINING: &str = "x-ratelimit-remaining";
+/// Told the upstream: that limit's name, else its rule's path.
+pub const HEADROOM_NAME: &str = "x-ratelimit-name";
+
+/// `x-ratelimit-soft-breach: 1` when `decision` admits the request and
+/// some descriptor is past a soft ratio. A refusal says more than a
+/// warning could, so it never carries one.
+pub fn soft_breach(decision: &Decision) -> Option<(&'static str, String)> {
+    (decision.admitted && decision.statuses.iter().any(|s| s.soft_breach))
+        .then(|| (SOFT_BREACH, "1".to_owned()))
+}
+
+/// What the upstream of an admitted request is told about its headroom:
+/// the remaining count of the descriptor with the least (the first of
+/// equals; the one `x-ratelimit-remaining` describes to the client), and
+/// that limit's name. Nothing when no limit applied or nothing goes
+/// upstream (a refusal).
+pub fn headroom(decision: &Decision) -> Vec<(&'static str, String)> {
+    if !decision.admitted {
+        return Vec::new();
+    }
+    let Some(tightest) = decision
+        .statuses
+        .iter()
+        .filter(|s| s.limit.is_some())
+        .min_by_key(|s| s.remaining)
+    else {
+        return Vec::new();
+    };
+    vec![
+        (HEADROOM_REMAINING, tightest.remaining.to_string()),
+        (HEADROOM_NAME, header_text(tightest.limit_label())),
+    ]
+}
+
+/// `text` as a header value: printable ASCII kept, anything else (a
+/// control character, a byte beyond ASCII in a rule path) as `?`.
+fn header_text(text: &str) -> String {
+    text.chars()
+        .map(|c| if matches!(c, ' '..='~') { c } else { '?' })
+        .collect()
 }
 
 /// The headers for `decision` in `mode`, as (name, value) pairs.
@@ -144,6 +195,7 @@ mod tests {
             remaining,
             reset_ms: Some(57_200),
             rule: None,
+            soft_breach: false,
         }
     }
 
@@ -202,5 +254,84 @@ mod tests {
             statuses: vec![limited(1, 1_000, None, 0, false)],
         };
         assert!(headers(HeaderMode::Off, &d).is_empty());
+    }
+
+    #[test]
+    fn soft_breach_is_said_only_on_an_admitted_request() {
+        let warned = Status {
+            soft_breach: true,
+            ..limited(100, 60_000, None, 15, false)
+        };
+        let quiet = limited(10, 1_000, None, 3, false);
+        let mut d = Decision {
+            admitted: true,
+            statuses: vec![quiet.clone(), warned.clone()],
+        };
+        assert_eq!(
+            soft_breach(&d),
+            Some(("x-ratelimit-soft-breach", "1".into()))
+        );
+        d.statuses = vec![quiet.clone()];
+        assert_eq!(soft_breach(&d), None, "no limit past its ratio");
+        d.statuses = vec![
+            warned,
+            Status {
+                over_limit: true,
+                ..quiet
+            },
+        ];
+        d.admitted = false;
+        assert_eq!(soft_breach(&d), None, "a refusal needs no warning");
+    }
+
+    #[test]
+    fn headroom_names_the_limit_with_the_least_remaining() {
+        let rule = |path: &str| {
+            Some(Arc::new(crate::rules::Annotations {
+                path: path.into(),
+                metadata: None,
+            }))
+        };
+        let d = Decision {
+            admitted: true,
+            statuses: vec![
+                Status::NO_LIMIT,
+                Status {
+                    rule: rule("api/user"),
+                    ..limited(100, 60_000, Some("per-user"), 40, false)
+                },
+                Status {
+                    rule: rule("api/tenant=caf\u{e9}\n"),
+                    ..limited(1_000, 3_600_000, None, 7, false)
+                },
+                Status {
+                    rule: rule("api/path"),
+                    ..limited(10, 1_000, None, 7, false)
+                },
+            ],
+        };
+        assert_eq!(
+            headroom(&d),
+            vec![
+                ("x-ratelimit-remaining", "7".to_string()),
+                // No name: the rule's path, made a safe header value; the
+                // first of two equals.
+                ("x-ratelimit-name", "api/tenant=caf??".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn no_headroom_without_a_limit_or_for_a_refusal() {
+        let unlimited = Decision {
+            admitted: true,
+            statuses: vec![Status::NO_LIMIT, Status::UNLIMITED],
+        };
+        assert!(headroom(&unlimited).is_empty());
+        let refused = Decision {
+            admitted: false,
+            statuses: vec![limited(5, 1_000, Some("n"), 0, true)],
+        };
+        assert!(headroom(&refused).is_empty());
     }
 }

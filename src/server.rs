@@ -159,6 +159,9 @@ pub struct ServeExtras {
     pub problem_body: bool,
     /// Serve the admin `/counters` endpoint (setting `admin_counters`).
     pub admin_counters: bool,
+    /// Tell the upstream its headroom in `request_headers_to_add` (setting
+    /// `upstream_headroom_headers`).
+    pub upstream_headroom: bool,
 }
 
 impl ServeOptions {
@@ -168,6 +171,7 @@ impl ServeOptions {
             headers: self.headers,
             dynamic_metadata: extras.dynamic_metadata,
             problem_body: extras.problem_body,
+            upstream_headroom: extras.upstream_headroom,
         }
     }
 }

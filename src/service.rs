@@ -9,7 +9,7 @@ use tonic::{Request as GrpcRequest, Response, Status as GrpcStatus};
 use tracing::Instrument as _;
 
 use crate::decision::{DecideError, Decision, Limiter, outcome_code};
-use crate::headers::{HeaderMode, headers};
+use crate::headers::{self, HeaderMode};
 use crate::limiter::Unit;
 use crate::proto as pb;
 use crate::proto::rate_limit_response::{
@@ -44,6 +44,9 @@ pub struct ResponseOptions {
     /// saying which limit refused and when to retry; Envoy sends it as the
     /// 429's body.
     pub problem_body: bool,
+    /// Tell the upstream of an admitted request its headroom, in
+    /// `request_headers_to_add` (see [`headers::headroom`]).
+    pub upstream_headroom: bool,
 }
 
 impl<S> RateLimitService<S> {
@@ -208,14 +211,25 @@ pub fn to_pb_with(
             quota: None,
         })
         .collect();
-    let mut response_headers_to_add: Vec<pb::HeaderValue> = headers(options.headers, decision)
-        .into_iter()
-        .map(|(key, value)| pb::HeaderValue {
-            key: key.to_owned(),
-            value,
-            raw_value: Vec::new(),
-        })
-        .collect();
+    let header = |(key, value): (&str, String)| pb::HeaderValue {
+        key: key.to_owned(),
+        value,
+        raw_value: Vec::new(),
+    };
+    let mut response_headers_to_add: Vec<pb::HeaderValue> =
+        headers::headers(options.headers, decision)
+            .into_iter()
+            .chain(headers::soft_breach(decision))
+            .map(header)
+            .collect();
+    let request_headers_to_add = if options.upstream_headroom {
+        headers::headroom(decision)
+            .into_iter()
+            .map(header)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut raw_body = Vec::new();
     let mut dynamic_metadata = None;
     if let Some(request) = request {
@@ -238,6 +252,7 @@ pub fn to_pb_with(
         overall_code: code(!decision.admitted),
         statuses,
         response_headers_to_add,
+        request_headers_to_add,
         raw_body,
         dynamic_metadata,
         ..Default::default()

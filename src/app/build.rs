@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::{Bounds, LimiterOptions};
+use crate::limiter::SoftRatio;
 use crate::server::{ConnLimits, GrpcLimits, ServeExtras, ServeOptions, TlsFiles};
 use crate::settings::Settings;
 use crate::store::{BreakerConfig, MemoryStoreConfig, RedisStoreConfig, RedisTls, RedisUrl};
@@ -44,6 +45,7 @@ pub fn serve_extras(s: &Settings) -> ServeExtras {
         dynamic_metadata: s.response_dynamic_metadata,
         problem_body: s.problem_json_body,
         admin_counters: s.admin_counters,
+        upstream_headroom: s.upstream_headroom_headers,
     }
 }
 
@@ -170,6 +172,8 @@ pub fn limiter_options(s: &Settings) -> LimiterOptions {
         counting: s.counting,
         shadow_mode: s.shadow_mode,
         quota_mode: s.quota_mode,
+        // Checked when the settings were loaded.
+        soft_ratio: s.soft_ratio.and_then(|r| SoftRatio::new(r).ok()),
     }
 }
 
@@ -261,6 +265,27 @@ mod tests {
         .unwrap();
         let config = memory_store(&s);
         assert_eq!((config.max_keys, config.max_bytes), (1_000, 1 << 20));
+    }
+
+    #[test]
+    fn the_warnings_are_off_by_default_and_set_from_the_settings() {
+        let s = Settings::default();
+        assert_eq!(limiter_options(&s).soft_ratio, None);
+        assert!(!serve_extras(&s).upstream_headroom);
+        let s = settings_from(
+            None,
+            &SettingsFlags::default(),
+            env(&[
+                ("SLUICE_SOFT_RATIO", "0.75"),
+                ("SLUICE_UPSTREAM_HEADROOM_HEADERS", "true"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            limiter_options(&s).soft_ratio,
+            Some(SoftRatio::new(0.75).unwrap())
+        );
+        assert!(serve_extras(&s).upstream_headroom);
     }
 
     #[test]

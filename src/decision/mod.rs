@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use crate::limiter::{Clock, Counting, SystemClock};
+use crate::limiter::{Clock, Counting, SoftRatio, SystemClock};
 use crate::overlimit::OverLimitCache;
 use crate::request::Request;
 use crate::rules::RuleSet;
@@ -91,6 +91,9 @@ pub struct LimiterOptions {
     /// as a `quota_mode` one (the request is refused only when all of them
     /// are over their limits).
     pub quota_mode: bool,
+    /// `soft_ratio` of limits that do not set it (`--soft-ratio`); `None`:
+    /// only limits with their own warn.
+    pub soft_ratio: Option<SoftRatio>,
 }
 
 impl Default for LimiterOptions {
@@ -104,6 +107,7 @@ impl Default for LimiterOptions {
             counting: Counting::default(),
             shadow_mode: false,
             quota_mode: false,
+            soft_ratio: None,
         }
     }
 }
@@ -154,6 +158,7 @@ impl<S: CounterStore> Limiter<S> {
             defaults: plan::Defaults {
                 counting: options.counting,
                 quota_mode: options.quota_mode,
+                soft_ratio: options.soft_ratio,
             },
             shadow_mode: options.shadow_mode,
             upstream: None,
@@ -249,7 +254,12 @@ impl<S: CounterStore> Limiter<S> {
         };
         // A cached answer goes through here exactly as a store answer does
         // (see `overlimit`): the same statuses, the same metrics.
-        let statuses = self.conclude(&loaded, request, &plans, (admitted, from_cache), &results);
+        let mut statuses =
+            self.conclude(&loaded, request, &plans, (admitted, from_cache), &results);
+        if self.shadow_mode {
+            // Nothing is ever refused, so there is nothing to warn of.
+            statuses.iter_mut().for_each(|s| s.soft_breach = false);
+        }
         Ok(Decision {
             admitted: admitted || self.shadow_mode,
             statuses,

@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 
 use crate::limiter::Unit;
-use crate::limiter::{Algorithm, Counting, Identity, IdentityBuilder, LimitSpec, Role, Window};
+use crate::limiter::{
+    Algorithm, Counting, Identity, IdentityBuilder, LimitSpec, Role, SoftRatio, Window,
+};
 use crate::request::{Descriptor, Request};
 use crate::rules::{DEFAULT_BUCKETS, Domain, Limit, Rule};
 use crate::store::{Batch, BatchItem};
@@ -44,6 +46,8 @@ pub(super) struct Defaults {
     pub counting: Counting,
     /// Global `quota_mode`: every enforcing descriptor counts as a quota one.
     pub quota_mode: bool,
+    /// `soft_ratio` of limits that do not set it (request overrides too).
+    pub soft_ratio: Option<SoftRatio>,
 }
 
 /// A limit to check: from a rule, or from the request's override.
@@ -54,16 +58,20 @@ pub(super) struct PlannedLimit<'r> {
     pub unit: Unit,
     pub name: Option<&'r std::sync::Arc<str>>,
     pub replaces: &'r [String],
+    /// The limit's `soft_ratio`, else the default one.
+    pub soft_ratio: Option<SoftRatio>,
 }
 
-impl<'r> From<&'r Limit> for PlannedLimit<'r> {
-    fn from(limit: &'r Limit) -> Self {
+impl<'r> PlannedLimit<'r> {
+    /// A rule's limit, its `soft_ratio` defaulted from `defaults`.
+    fn of_rule(limit: &'r Limit, defaults: Defaults) -> Self {
         Self {
             source: Some(limit),
             spec: limit.spec,
             unit: limit.unit,
             name: limit.name.as_ref(),
             replaces: &limit.replaces,
+            soft_ratio: limit.soft_ratio.or(defaults.soft_ratio),
         }
     }
 }
@@ -159,6 +167,7 @@ fn match_descriptor<'r>(
             unit: limit.unit,
             name: None,
             replaces: &[],
+            soft_ratio: defaults.soft_ratio,
         };
         let limited = Limited {
             limits: vec![planned],
@@ -175,7 +184,12 @@ fn match_descriptor<'r>(
         Some(found) if found.rule.unlimited => (Plan::Unlimited, None),
         Some(found) => {
             let limited = Limited {
-                limits: found.rule.limits.iter().map(PlannedLimit::from).collect(),
+                limits: found
+                    .rule
+                    .limits
+                    .iter()
+                    .map(|limit| PlannedLimit::of_rule(limit, defaults))
+                    .collect(),
                 role: role(found.rule.role),
                 rule: Some(found.rule),
                 hits,

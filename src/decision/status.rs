@@ -27,6 +27,11 @@ pub struct Status {
     /// The matched rule's path and metadata; `None` without a rule (no
     /// limit, unlimited, or the request's own override).
     pub rule: Option<Arc<Annotations>>,
+    /// Some limit of the descriptor is past its `soft_ratio`: more than
+    /// that share of its capacity is used (this request included, when
+    /// admitted). Never for a shadow-mode descriptor, which can never
+    /// refuse and so has nothing to warn of.
+    pub soft_breach: bool,
 }
 
 /// A limit as reported back to the caller.
@@ -45,19 +50,23 @@ pub struct Reported {
 }
 
 impl Status {
-    pub(super) const NO_LIMIT: Status = Status {
+    /// A descriptor no limit applied to.
+    pub const NO_LIMIT: Status = Status {
         over_limit: false,
         limit: None,
         remaining: 0,
         reset_ms: None,
         rule: None,
+        soft_breach: false,
     };
-    pub(super) const UNLIMITED: Status = Status {
+    /// A descriptor whose rule is `unlimited`.
+    pub const UNLIMITED: Status = Status {
         over_limit: false,
         limit: None,
         remaining: u32::MAX as u64,
         reset_ms: None,
         rule: None,
+        soft_breach: false,
     };
 }
 
@@ -89,6 +98,14 @@ impl Status {
         };
         let (limit, result) = chosen;
         let over_limit = result.over && limited.role != Role::Shadow;
+        // Every limit is looked at, not only the one reported: 90 of 100 a
+        // minute warns even while 1 of 10 a second is the tighter now.
+        let soft_breach = limited.role != Role::Shadow
+            && pairs().any(|(limit, result)| {
+                limit
+                    .soft_ratio
+                    .is_some_and(|ratio| ratio.breached(result.used, limit.spec.capacity()))
+            });
         let reset_ms = if over_limit {
             result.reset_ms.div_ceil(1_000).max(1) * 1_000
         } else {
@@ -106,6 +123,7 @@ impl Status {
             remaining: remaining(&chosen).min(limit.spec.requests),
             reset_ms: Some(reset_ms),
             rule: limited.rule.map(|rule| rule.annotations.clone()),
+            soft_breach,
         }
     }
 

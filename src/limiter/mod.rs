@@ -9,11 +9,13 @@ pub mod batch;
 pub mod calendar;
 pub mod clock;
 pub mod key;
+pub mod soft;
 pub mod unit;
 
 pub use algorithm::{Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use key::{CounterKey, Identity, IdentityBuilder};
+pub use soft::SoftRatio;
 pub use unit::Unit;
 
 /// Milliseconds since the Unix epoch: the one time unit of every algorithm.

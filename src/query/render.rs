@@ -90,6 +90,9 @@ pub fn render(args: &QueryArgs, response: &pb::RateLimitResponse) -> String {
     for header in &response.response_headers_to_add {
         let _ = writeln!(out, "  header {}: {}", header.key, header.value);
     }
+    for header in &response.request_headers_to_add {
+        let _ = writeln!(out, "  upstream header {}: {}", header.key, header.value);
+    }
     out
 }
 
@@ -371,6 +374,25 @@ mod tests {
         assert_eq!(window_text(7_200_000), "2h");
         assert_eq!(window_text(1_500), "1500ms");
         assert_eq!(window_text(1_209_600_000), "2w");
+    }
+
+    #[test]
+    fn headers_for_the_client_and_for_the_upstream_are_told_apart() {
+        let response = pb::RateLimitResponse {
+            statuses: vec![limited(10, Unit::Minute, "per-minute", false)],
+            response_headers_to_add: vec![header("x-ratelimit-soft-breach", "1")],
+            request_headers_to_add: vec![header("x-ratelimit-remaining", "1")],
+            ..Default::default()
+        };
+        let text = render(&args(&["a=1"]), &response);
+        assert!(
+            text.contains("\n  header x-ratelimit-soft-breach: 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n  upstream header x-ratelimit-remaining: 1\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -44,7 +44,8 @@ impl fmt::Display for Rule {
     }
 }
 
-/// `requests_per_unit=N window=Nms unit=U algorithm=A [name=…] [replaces=…]`.
+/// `requests_per_unit=N window=Nms unit=U algorithm=A [name=…] [replaces=…]
+/// [soft_ratio=R]`.
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let spec = &self.spec;
@@ -58,6 +59,9 @@ impl fmt::Display for Limit {
         }
         if !self.replaces.is_empty() {
             write!(f, " replaces={}", self.replaces.join(","))?;
+        }
+        if let Some(ratio) = self.soft_ratio {
+            write!(f, " soft_ratio={ratio}")?;
         }
         Ok(())
     }

@@ -28,7 +28,7 @@ pub use load::load_paths;
 pub use stats_key::{detailed_stats_key, sanitize, stats_key};
 pub use wildcard::Pattern;
 
-use crate::limiter::{Counting, Identity, IdentityBuilder, LimitSpec, Role, Unit};
+use crate::limiter::{Counting, Identity, IdentityBuilder, LimitSpec, Role, SoftRatio, Unit};
 use crate::request::Entry;
 
 /// Every loaded domain.
@@ -165,6 +165,10 @@ pub struct Limit {
     pub name: Option<Arc<str>>,
     /// Names of limits this one replaces when both match one request.
     pub replaces: Vec<String>,
+    /// `rate_limit.soft_ratio`: past this share of the limit an admitted
+    /// request is warned (`x-ratelimit-soft-breach`); `None` takes the
+    /// limiter's default (`LimiterOptions::soft_ratio`).
+    pub soft_ratio: Option<SoftRatio>,
 }
 
 /// A matched rule and the identity its counters belong to.

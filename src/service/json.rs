@@ -140,6 +140,8 @@ pub struct JsonResponse {
     statuses: Vec<JsonStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<JsonHeader>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    request_headers_to_add: Vec<JsonHeader>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// protobuf's JSON writes bytes in base64; the problem document is
@@ -191,14 +193,8 @@ impl JsonResponse {
                 .into_iter()
                 .map(JsonStatus::from)
                 .collect(),
-            response_headers_to_add: response
-                .response_headers_to_add
-                .into_iter()
-                .map(|h| JsonHeader {
-                    key: h.key,
-                    value: h.value,
-                })
-                .collect(),
+            response_headers_to_add: json_headers(response.response_headers_to_add),
+            request_headers_to_add: json_headers(response.request_headers_to_add),
             dynamic_metadata: explain::dynamic_metadata(
                 request,
                 decision,
@@ -236,6 +232,16 @@ impl From<DescriptorStatus> for JsonStatus {
                 .map(|d| format!("{}.{:03}s", d.seconds, d.nanos / 1_000_000)),
         }
     }
+}
+
+fn json_headers(headers: Vec<pb::HeaderValue>) -> Vec<JsonHeader> {
+    headers
+        .into_iter()
+        .map(|h| JsonHeader {
+            key: h.key,
+            value: h.value,
+        })
+        .collect()
 }
 
 fn code_name(code: i32) -> &'static str {

@@ -5,7 +5,7 @@
 
 use super::origin::Sources;
 use super::{Settings, SettingsError};
-use crate::limiter::MAX_HITS;
+use crate::limiter::{MAX_HITS, SoftRatio};
 use crate::telemetry::traces::OtlpProtocol;
 
 impl Settings {
@@ -33,6 +33,11 @@ impl Settings {
                 "trace_sampling_ratio",
                 "the share of traces to export goes from 0 (none) to 1 (all)".into(),
             ));
+        }
+        if let Some(ratio) = self.soft_ratio
+            && let Err(why) = SoftRatio::new(ratio)
+        {
+            return Err(invalid(sources, "soft_ratio", why.into()));
         }
         if let Some(metadata) = &self.xds_node_metadata
             && !matches!(

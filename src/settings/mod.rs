@@ -257,6 +257,10 @@ settings! {
     response_dynamic_metadata: bool = false, flag bool, "BOOL";
     "Give a refusal an application/problem+json raw_body that Envoy sends with its 429"
     problem_json_body: bool = false, flag bool, "BOOL";
+    "Share of a limit (above 0, at most 1) past which an admitted request's response carries x-ratelimit-soft-breach: 1, for limits whose rule sets no soft_ratio; none warns only for those that do"
+    soft_ratio: Option<f64> = None, flag f64, "RATIO";
+    "Tell the upstream of an admitted request its headroom: x-ratelimit-remaining (requests left under the tightest limit) and x-ratelimit-name (that limit's name, else its rule path), in the response's request_headers_to_add"
+    upstream_headroom_headers: bool = false, flag bool, "BOOL";
     "Serve GET and DELETE /counters on the admin port (inspect and reset one counter)"
     admin_counters: bool = false, flag bool, "BOOL";
     "Serve gRPC over TLS with this certificate (PEM); needs grpc_tls_key"

@@ -118,6 +118,15 @@ mod loading {
             "invalid SLUICE_TRACE_SAMPLING_RATIO=\"2\": the share of traces to export goes \
              from 0 (none) to 1 (all)"
         );
+        for ratio in ["0", "1.5", "-0.2"] {
+            assert_eq!(
+                bad(&[("SLUICE_SOFT_RATIO", ratio)]),
+                format!(
+                    "invalid SLUICE_SOFT_RATIO=\"{ratio}\": must be a number above 0 and at \
+                     most 1, e.g. 0.8"
+                )
+            );
+        }
         assert_eq!(
             bad(&[("SLUICE_XDS_NODE_METADATA", "zone:a")]),
             "invalid SLUICE_XDS_NODE_METADATA=\"zone:a\": expected a JSON object, e.g. {\"zone\": \"a\"}"

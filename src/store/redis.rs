@@ -315,9 +315,8 @@ impl RedisStore {
             (now, whole),
             ITEM_ARGS * items.len() + LIMIT_ARGS * limit_count,
         );
-        let clock = self.shared.clock.now();
         for &i in items {
-            push_item(&mut eval.cmd, &batch.items[i], clock);
+            push_item(&mut eval.cmd, &batch.items[i], self.shared.clock.now());
         }
         let expected = 1 + answer_len(whole) * limit_count;
         let started = self.shared.clock.now();

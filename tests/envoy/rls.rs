@@ -123,6 +123,8 @@ fn readme_snippet(name: &str) -> String {
 /// - `/tokens/N`: 200 with `x-tokens: N` (the cost of the request);
 /// - `/fail`: 503 with `x-refund: 1` (no work done);
 /// - `/hold`: waits until the gate opens, then 200;
+/// - `/echo`: 200 whose body is the request's head as it arrived (what
+///   the application received from Envoy);
 /// - anything else: 200.
 struct App {
     addr: SocketAddr,
@@ -183,6 +185,11 @@ fn serve(mut conn: TcpStream, gate: &AtomicBool, held: &AtomicU64) {
             }
             held.fetch_sub(1, Ordering::SeqCst);
             "HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nheld".to_owned()
+        } else if path == "/echo" {
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{head}",
+                head.len()
+            )
         } else {
             "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_owned()
         };
@@ -892,6 +899,126 @@ async fn a_client_retrying_exactly_after_retry_after_is_admitted_for_every_algor
         drop(envoy);
     })
     .await;
+}
+
+// ---------------------------------------------------------------------------
+// Warnings before the wall (the manual's snippets)
+// ---------------------------------------------------------------------------
+
+/// The values of header `name` in a request head as the application
+/// received it (an `/echo` body).
+fn received(head: &str, name: &str) -> Vec<String> {
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim().to_owned())
+        .collect()
+}
+
+/// The manual's warnings recipe through Envoy: 5 a minute, warned past
+/// 0.6 of it. The client, which also tries to hand the application
+/// headroom headers of its own, sees `x-ratelimit-soft-breach: 1` on the
+/// 4th and 5th requests only (not on the 429); the application receives
+/// Sluice's `x-ratelimit-remaining` and `x-ratelimit-name` when
+/// `upstream_headroom_headers` is on, and none of either when off.
+async fn warnings_through_envoy(upstream_headroom: bool) {
+    let sluice = Sluice::start(
+        &readme_snippet("warnings/rules"),
+        ServeExtras {
+            upstream_headroom,
+            ..Default::default()
+        },
+    )
+    .await;
+    let app = App::start();
+    let (config, front, admin) =
+        bootstrap(snippet_filters("warnings"), None, sluice.addr(), app.addr);
+    let envoy = Envoy::start(&config, front, admin);
+    blocking(move || {
+        let headers = [
+            ("x-user", "u1"),
+            ("x-ratelimit-remaining", "1000"),
+            ("x-ratelimit-name", "forged"),
+        ];
+        for i in 1..=5u64 {
+            let r = get(front, "/echo", &headers);
+            assert_eq!(r.status, 200, "request {i}: {r:?}");
+            let expected = (i > 3).then_some("1");
+            assert_eq!(
+                r.header("x-ratelimit-soft-breach"),
+                expected,
+                "request {i}, 0.6 of 5 is 3: {r:?}"
+            );
+            let (remaining, name) = (
+                received(&r.body, "x-ratelimit-remaining"),
+                received(&r.body, "x-ratelimit-name"),
+            );
+            if upstream_headroom {
+                assert_eq!(remaining, [(5 - i).to_string()], "request {i}: {r:?}");
+                assert_eq!(name, ["per-user"], "request {i}: {r:?}");
+            } else {
+                assert!(
+                    remaining.is_empty() && name.is_empty(),
+                    "request {i}: {r:?}"
+                );
+            }
+        }
+        let r = get(front, "/echo", &headers);
+        assert_eq!(r.status, 429, "the 6th in a minute: {r:?}");
+        assert_eq!(r.header("x-ratelimit-soft-breach"), None, "{r:?}");
+        // Another user is far from the wall.
+        let r = get(front, "/echo", &[("x-user", "u2")]);
+        assert_eq!((r.status, r.header("x-ratelimit-soft-breach")), (200, None));
+        drop(envoy);
+    })
+    .await;
+    sluice.server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_is_warned_past_the_soft_ratio_and_the_upstream_told_its_headroom() {
+    warnings_through_envoy(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_upstream_headroom_headers_the_upstream_is_told_nothing() {
+    warnings_through_envoy(false).await;
+}
+
+/// Why the manual's snippet removes the client's headroom headers: Envoy
+/// adds `request_headers_to_add` beside a header of the same name, so the
+/// application would receive the client's value too (first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_adds_the_headroom_beside_a_header_the_client_sent() {
+    let sluice = Sluice::start(
+        &readme_snippet("warnings/rules"),
+        ServeExtras {
+            upstream_headroom: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let app = App::start();
+    let mut filters = snippet_filters("warnings");
+    filters
+        .as_array_mut()
+        .unwrap()
+        .retain(|f| f["name"] != "envoy.filters.http.header_mutation");
+    let (config, front, admin) = bootstrap(filters, None, sluice.addr(), app.addr);
+    let envoy = Envoy::start(&config, front, admin);
+    let r = blocking(move || {
+        let r = get(
+            front,
+            "/echo",
+            &[("x-user", "u1"), ("x-ratelimit-remaining", "1000")],
+        );
+        drop(envoy);
+        r
+    })
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(received(&r.body, "x-ratelimit-remaining"), ["1000", "4"]);
+    sluice.server.stop().await;
 }
 
 #[test]

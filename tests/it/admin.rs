@@ -724,3 +724,47 @@ async fn counters_are_inspected_and_reset_in_a_redis_cluster() {
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_carries_the_soft_breach_and_the_upstream_headroom_as_grpc_does() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+    let options = LimiterOptions {
+        soft_ratio: Some(sluice::limiter::SoftRatio::new(0.5).unwrap()),
+        ..LimiterOptions::default()
+    };
+    let limiter = Arc::new(sluice::decision::Limiter::with_options(
+        rules(RULES),
+        store,
+        options,
+    ));
+    let extras = sluice::server::ServeExtras {
+        upstream_headroom: true,
+        ..Default::default()
+    };
+    let server = Server::start_with_extras(limiter, Default::default(), extras, clock).await;
+    let answer = async || {
+        let (status, body) = call(&server, "POST", "/json", json("admin", "client", "j")).await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    // 5 a minute, warned past the default half: not on the 2nd, on the 3rd.
+    answer().await;
+    let second = answer().await;
+    assert!(second.get("responseHeadersToAdd").is_none(), "{second}");
+    let third = answer().await;
+    assert_eq!(
+        third["responseHeadersToAdd"],
+        serde_json::json!([{"key": "x-ratelimit-soft-breach", "value": "1"}]),
+        "{third}"
+    );
+    assert_eq!(
+        third["requestHeadersToAdd"],
+        serde_json::json!([
+            {"key": "x-ratelimit-remaining", "value": "2"},
+            {"key": "x-ratelimit-name", "value": "per-client"},
+        ]),
+        "{third}"
+    );
+    server.stop().await;
+}

@@ -409,7 +409,7 @@ async fn upstream_dynamic_metadata_and_a_problem_body_when_asked() {
     let server = explained_server(sluice::server::ServeExtras {
         dynamic_metadata: true,
         problem_body: true,
-        admin_counters: false,
+        ..Default::default()
     })
     .await;
     let mut c = client(&server).await;

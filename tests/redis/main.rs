@@ -2,7 +2,8 @@
 //! started by the harness (`support::redis`): the service over Redis, faults
 //! of a single server and of a Cluster, coalescing, batching across
 //! identities, the ways to connect (TLS, unix socket, Sentinel), the harness
-//! itself, and the numbering of the scripts' records (`lua_build`).
+//! itself, the numbering of the scripts' records (`lua_build`), and the
+//! soft-breach and headroom warnings agreeing with the memory store's.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -18,3 +19,4 @@ mod harness;
 mod lua_build;
 mod service;
 mod store_faults;
+mod warnings;

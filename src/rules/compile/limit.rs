@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::Compiler;
 use super::tree::Flags;
 use crate::limiter::calendar::Calendar;
-use crate::limiter::{Algorithm, LimitSpec, Role, Unit, Window};
+use crate::limiter::{Algorithm, LimitSpec, Role, SoftRatio, Unit, Window};
 use crate::rules::duration::{parse_duration, parse_unit};
 use crate::rules::yaml::{Kind, Node as Yaml};
 use crate::rules::{Annotations, Limit, Rule};
@@ -24,6 +24,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "burst",
     "lease",
     "calendar",
+    "soft_ratio",
 ];
 
 /// How long a concurrency slot is held when no release comes: long enough
@@ -85,8 +86,39 @@ impl Compiler<'_> {
                 "an unlimited rate limit cannot be combined with other limits",
             );
         }
-        // One identity's counters share a HASH in Redis, where a calendar
-        // period's fields are named by its unit alone.
+        self.one_zone_per_calendar_unit(&limits, line, path)?;
+        let role = if flags.shadow_mode {
+            Role::Shadow
+        } else if flags.quota_mode {
+            Role::Quota
+        } else {
+            Role::Enforce
+        };
+        Some(Rule {
+            path: path.to_owned(),
+            limits,
+            unlimited,
+            role,
+            counting: flags.counting,
+            detailed_metric: flags.detailed_metric,
+            metric_values: flags.value_levels.clone(),
+            annotations: Arc::new(Annotations {
+                path: path.to_owned(),
+                metadata: present("metadata").map(|node| node.to_json()),
+            }),
+            stats_key: flags.stats_key.clone(),
+        })
+    }
+
+    /// Calendar limits of one unit on one descriptor name one zone: an
+    /// identity's counters share a HASH in Redis, where a calendar period's
+    /// fields are named by its unit alone.
+    fn one_zone_per_calendar_unit(
+        &mut self,
+        limits: &[Limit],
+        line: usize,
+        path: &str,
+    ) -> Option<()> {
         let calendars: Vec<Calendar> = limits
             .iter()
             .filter_map(|l| match l.spec.window.algorithm {
@@ -111,27 +143,7 @@ impl Compiler<'_> {
                 );
             }
         }
-        let role = if flags.shadow_mode {
-            Role::Shadow
-        } else if flags.quota_mode {
-            Role::Quota
-        } else {
-            Role::Enforce
-        };
-        Some(Rule {
-            path: path.to_owned(),
-            limits,
-            unlimited,
-            role,
-            counting: flags.counting,
-            detailed_metric: flags.detailed_metric,
-            metric_values: flags.value_levels.clone(),
-            annotations: Arc::new(Annotations {
-                path: path.to_owned(),
-                metadata: present("metadata").map(|node| node.to_json()),
-            }),
-            stats_key: flags.stats_key.clone(),
-        })
+        Some(())
     }
 
     /// One block of `rate_limit(s)`: unlimited, or a limit.
@@ -164,6 +176,13 @@ impl Compiler<'_> {
                     "should not specify rate limit unit when unlimited",
                 );
             }
+            if let Some(node) = map.get("soft_ratio").filter(|node| !node.is_null()) {
+                return self.fail(
+                    node.line,
+                    path,
+                    "'soft_ratio' has no meaning when unlimited: nothing is counted",
+                );
+            }
             return Some(Parsed::Unlimited);
         }
         // Each part is checked even when another is wrong, so that every error
@@ -174,8 +193,10 @@ impl Compiler<'_> {
             None => self.fail(node.line, path, "'requests_per_unit' is required"),
         };
         let algorithm = self.algorithm(&map, path, window, requests);
+        let soft_ratio = self.soft_ratio(map.get("soft_ratio").copied(), path);
         let (duration_ms, reported) = window?;
         let (requests, algorithm, name, replaces) = (requests?, algorithm?, name?, replaces?);
+        let soft_ratio = soft_ratio?;
         Some(Parsed::Limit(Limit {
             spec: LimitSpec {
                 requests,
@@ -187,6 +208,7 @@ impl Compiler<'_> {
             unit: reported,
             name: name.map(Arc::from),
             replaces,
+            soft_ratio,
         }))
     }
 
@@ -237,6 +259,33 @@ impl Compiler<'_> {
                 ),
             }
         }
+    }
+
+    /// `soft_ratio:`, the share of the limit past which admitted requests
+    /// are warned; `Some(None)` when absent or null, `None` when wrong
+    /// (reported).
+    fn soft_ratio(&mut self, node: Option<&Yaml>, path: &str) -> Option<Option<SoftRatio>> {
+        let Some(node) = node.filter(|node| !node.is_null()) else {
+            return Some(None);
+        };
+        let found = match &node.kind {
+            Kind::Scalar {
+                text,
+                quoted: false,
+            } => match text.parse::<f64>().map_err(|_| "").and_then(SoftRatio::new) {
+                Ok(ratio) => return Some(Some(ratio)),
+                Err(_) => text.clone(),
+            },
+            Kind::Scalar { text, .. } => format!("the string \"{text}\""),
+            _ => node.shape().to_owned(),
+        };
+        self.fail(
+            node.line,
+            path,
+            format!(
+                "'soft_ratio' must be a number above 0 and at most 1, e.g. 0.8 (found {found})"
+            ),
+        )
     }
 
     /// `lease:` of a concurrency limit, in milliseconds (the default when absent).

@@ -146,6 +146,41 @@ fn name_and_replaces_are_carried_on_the_limit() {
 }
 
 #[test]
+fn soft_ratio_is_carried_on_the_limit_and_shown_in_rlconfig() {
+    use sluice::limiter::SoftRatio;
+    let limit =
+        limit_of("      unit: minute\n      requests_per_unit: 100\n      soft_ratio: 0.8\n");
+    assert_eq!(limit.soft_ratio, Some(SoftRatio::new(0.8).unwrap()));
+    assert!(limit.to_string().ends_with(" soft_ratio=0.8"), "{limit}");
+    // 1 is a share too (the whole limit); absent or null is none, and the
+    // limiter's default then applies.
+    let whole = limit_of("      unit: minute\n      requests_per_unit: 5\n      soft_ratio: 1\n");
+    assert_eq!(whole.soft_ratio, Some(SoftRatio::new(1.0).unwrap()));
+    for plain in [
+        "      unit: minute\n      requests_per_unit: 5\n",
+        "      unit: minute\n      requests_per_unit: 5\n      soft_ratio: ~\n",
+    ] {
+        let plain = limit_of(plain);
+        assert_eq!(plain.soft_ratio, None);
+        assert!(!plain.to_string().contains("soft_ratio"), "{plain}");
+    }
+    // Each limit of `rate_limits` has its own.
+    let domain = load(&yaml(
+        r"
+        domain: d
+        descriptors:
+          - key: k
+            rate_limits:
+              - {unit: second, requests_per_unit: 10}
+              - {unit: hour, requests_per_unit: 1000, soft_ratio: 0.9}
+        ",
+    ));
+    let rule = find(&domain, &[("k", "v")]).unwrap().rule;
+    let ratios: Vec<_> = rule.limits.iter().map(|l| l.soft_ratio).collect();
+    assert_eq!(ratios, [None, Some(SoftRatio::new(0.9).unwrap())]);
+}
+
+#[test]
 fn named_units_are_case_insensitive_and_month_and_year_are_fixed_lengths() {
     const DAY: u64 = 86_400_000;
     let cases = [

@@ -115,6 +115,7 @@ fn limit_of(block: &str) -> Limit {
         unit: limit.unit,
         name: limit.name.clone(),
         replaces: limit.replaces.clone(),
+        soft_ratio: limit.soft_ratio,
     }
 }
 
