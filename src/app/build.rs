@@ -44,6 +44,8 @@ pub fn serve_extras(s: &Settings) -> ServeExtras {
         dynamic_metadata: s.response_dynamic_metadata,
         problem_body: s.problem_json_body,
         admin_counters: s.admin_counters,
+        admin_token: s.admin_token.clone(),
+        overrides_max_per_domain: s.overrides_max_per_domain.get(),
     }
 }
 

@@ -5,10 +5,12 @@
 
 mod breaker;
 mod memory;
+mod overrides;
 mod redis;
 
 pub use breaker::{BreakerConfig, Circuit};
 pub use memory::{MemoryStore, MemoryStoreConfig};
+pub use overrides::{Override, OverrideBook, OverrideEntry, OverrideError, OverrideSet};
 #[cfg(feature = "bench")]
 pub use redis::server_info;
 pub use redis::{
@@ -144,6 +146,10 @@ impl StoreError {
     }
 }
 
+fn no_overrides() -> StoreError {
+    StoreError::Unavailable("this counter store cannot keep overrides".into())
+}
+
 /// A place where counters live.
 pub trait CounterStore: Send + Sync + 'static {
     /// Checks every limit of the batch and, if the request is admitted,
@@ -165,6 +171,39 @@ pub trait CounterStore: Send + Sync + 'static {
                 "this counter store cannot reset counters".into(),
             ))
         }
+    }
+
+    /// Sets `new` (see `overrides`), replacing the override of the same
+    /// descriptor, which is returned; refused when its domain has
+    /// `max_per_domain` live overrides already. Outside the request path.
+    fn put_override(
+        &self,
+        new: Override,
+        max_per_domain: usize,
+    ) -> impl Future<Output = Result<Option<Override>, OverrideError>> + Send {
+        let _ = (new, max_per_domain);
+        async { Err(OverrideError::Store(no_overrides())) }
+    }
+
+    /// Deletes the override of `descriptor` in `domain`, returning it.
+    fn delete_override(
+        &self,
+        domain: &str,
+        descriptor: &[OverrideEntry],
+    ) -> impl Future<Output = Result<Option<Override>, StoreError>> + Send {
+        let _ = (domain, descriptor);
+        async { Err(no_overrides()) }
+    }
+
+    /// The version of the overrides: it changes on every set and delete,
+    /// so that a replica polls this cheaply and loads them only then.
+    fn overrides_version(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async { Err(no_overrides()) }
+    }
+
+    /// Every override, with the version they are at.
+    fn load_overrides(&self) -> impl Future<Output = Result<OverrideSet, StoreError>> + Send {
+        async { Err(no_overrides()) }
     }
 
     /// Whether the store can take requests now (for readiness probes).

@@ -410,6 +410,7 @@ async fn upstream_dynamic_metadata_and_a_problem_body_when_asked() {
         dynamic_metadata: true,
         problem_body: true,
         admin_counters: false,
+        ..Default::default()
     })
     .await;
     let mut c = client(&server).await;

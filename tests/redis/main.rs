@@ -2,7 +2,8 @@
 //! started by the harness (`support::redis`): the service over Redis, faults
 //! of a single server and of a Cluster, coalescing, batching across
 //! identities, the ways to connect (TLS, unix socket, Sentinel), the harness
-//! itself, and the numbering of the scripts' records (`lua_build`).
+//! itself, run-time overrides shared by replicas (`overrides`), and the
+//! numbering of the scripts' records (`lua_build`).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -16,5 +17,6 @@ mod harness;
 /// The scripts' named records (build/lua.rs, which build.rs runs).
 #[path = "../../build/lua.rs"]
 mod lua_build;
+mod overrides;
 mod service;
 mod store_faults;
