@@ -379,7 +379,7 @@ async fn put<S: CounterStore>(
         .await
     {
         Ok(before) => before.filter(|b| b.live_at(now)),
-        Err(e @ OverrideError::Full { .. }) => {
+        Err(e @ OverrideError::Full(_)) => {
             return refused(refuse(StatusCode::CONFLICT, &format!("{e}\n")));
         }
         Err(OverrideError::Store(e)) => {

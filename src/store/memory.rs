@@ -436,7 +436,7 @@ impl CounterStore for MemoryStore {
         new: Override,
         max_per_domain: usize,
     ) -> Result<Option<Override>, OverrideError> {
-        self.overrides.put(new, max_per_domain, self.clock.now())
+        Ok(self.overrides.put(new, max_per_domain, self.clock.now())?)
     }
 
     async fn delete_override(

@@ -10,7 +10,7 @@ mod redis;
 
 pub use breaker::{BreakerConfig, Circuit};
 pub use memory::{MemoryStore, MemoryStoreConfig};
-pub use overrides::{Override, OverrideBook, OverrideEntry, OverrideError, OverrideSet};
+pub use overrides::{DomainFull, Override, OverrideBook, OverrideEntry, OverrideSet};
 #[cfg(feature = "bench")]
 pub use redis::server_info;
 pub use redis::{
@@ -146,6 +146,17 @@ impl StoreError {
     }
 }
 
+/// Why an override could not be set.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum OverrideError {
+    /// The domain has its maximum count of overrides already.
+    #[error(transparent)]
+    Full(#[from] DomainFull),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 fn no_overrides() -> StoreError {
     StoreError::Unavailable("this counter store cannot keep overrides".into())
 }
@@ -176,13 +187,20 @@ pub trait CounterStore: Send + Sync + 'static {
     /// Sets `new` (see `overrides`), replacing the override of the same
     /// descriptor, which is returned; refused when its domain has
     /// `max_per_domain` live overrides already. Outside the request path.
+    /// By default through the store's [`ScriptRunner`] (Redis keeps them,
+    /// shared by every replica); a store without one cannot keep them.
     fn put_override(
         &self,
         new: Override,
         max_per_domain: usize,
     ) -> impl Future<Output = Result<Option<Override>, OverrideError>> + Send {
-        let _ = (new, max_per_domain);
-        async { Err(OverrideError::Store(no_overrides())) }
+        let runner = self.script_runner();
+        async move {
+            match runner {
+                Some(runner) => runner.put_override(new, max_per_domain).await,
+                None => Err(no_overrides().into()),
+            }
+        }
     }
 
     /// Deletes the override of `descriptor` in `domain`, returning it.
@@ -191,19 +209,36 @@ pub trait CounterStore: Send + Sync + 'static {
         domain: &str,
         descriptor: &[OverrideEntry],
     ) -> impl Future<Output = Result<Option<Override>, StoreError>> + Send {
-        let _ = (domain, descriptor);
-        async { Err(no_overrides()) }
+        let runner = self.script_runner();
+        async move {
+            match runner {
+                Some(runner) => runner.delete_override(domain, descriptor).await,
+                None => Err(no_overrides()),
+            }
+        }
     }
 
     /// The version of the overrides: it changes on every set and delete,
     /// so that a replica polls this cheaply and loads them only then.
     fn overrides_version(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        async { Err(no_overrides()) }
+        let runner = self.script_runner();
+        async move {
+            match runner {
+                Some(runner) => runner.overrides_version().await,
+                None => Err(no_overrides()),
+            }
+        }
     }
 
     /// Every override, with the version they are at.
     fn load_overrides(&self) -> impl Future<Output = Result<OverrideSet, StoreError>> + Send {
-        async { Err(no_overrides()) }
+        let runner = self.script_runner();
+        async move {
+            match runner {
+                Some(runner) => runner.load_overrides().await,
+                None => Err(no_overrides()),
+            }
+        }
     }
 
     /// Whether the store can take requests now (for readiness probes).

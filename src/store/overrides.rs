@@ -8,12 +8,13 @@
 //! [`OverrideBook`] is the whole bookkeeping (the per-domain cap, expiry,
 //! the version) for a store that keeps them in process.
 
+mod in_redis;
+
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::StoreError;
 use crate::limiter::Unit;
 
 /// One `key=value` of an override's descriptor.
@@ -73,22 +74,16 @@ pub fn field(domain: &str, descriptor: &[OverrideEntry]) -> String {
     serde_json::to_string(&parts).unwrap_or_default()
 }
 
-/// Why an override could not be set.
+/// A domain has its maximum count of overrides already.
 #[derive(Clone, Debug, thiserror::Error)]
-pub enum OverrideError {
-    /// The domain has its maximum count of overrides already.
-    #[error(
-        "domain {domain} has {max} overrides already, the most allowed (setting overrides_max_per_domain); delete one first"
-    )]
-    Full {
-        /// The domain.
-        domain: String,
-        /// The cap.
-        max: usize,
-    },
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
+#[error(
+    "domain {domain} has {max} overrides already, the most allowed (setting overrides_max_per_domain); delete one first"
+)]
+pub struct DomainFull {
+    /// The domain.
+    pub domain: String,
+    /// The cap.
+    pub max: usize,
 }
 
 /// Every override a store holds, and the store's version of them.
@@ -156,7 +151,7 @@ impl OverrideBook {
         new: Override,
         max: usize,
         now_ms: u64,
-    ) -> Result<Option<Override>, OverrideError> {
+    ) -> Result<Option<Override>, DomainFull> {
         let mut set = self.set.lock();
         set.by_field.retain(|_, o| o.live_at(now_ms));
         let field = new.field();
@@ -167,7 +162,7 @@ impl OverrideBook {
                 .filter(|o| o.domain == new.domain)
                 .count();
             if count >= max {
-                return Err(OverrideError::Full {
+                return Err(DomainFull {
                     domain: new.domain,
                     max,
                 });

@@ -40,7 +40,6 @@ mod dial;
 #[cfg(feature = "bench")]
 mod info;
 mod node;
-mod overrides;
 mod tls;
 mod url;
 mod wire;
@@ -62,10 +61,7 @@ use self::node::{Eval, Node, Script};
 pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
 use self::wire::{ITEM_ARGS, ItemPart, LIMIT_ARGS, answer_len, answers, push_item};
-use super::{
-    Batch, BatchItem, BatchOutcome, BreakerConfig, CounterStore, Override, OverrideEntry,
-    OverrideError, OverrideSet, StoreError,
-};
+use super::{Batch, BatchItem, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Identity, Window, admits};
 use crate::telemetry::metrics::ReconcileCounters;
 
@@ -506,31 +502,6 @@ impl RedisStore {
 }
 
 impl CounterStore for RedisStore {
-    /// Overrides live in Redis (`redis/overrides.rs`): shared, durable.
-    async fn put_override(
-        &self,
-        o: Override,
-        max: usize,
-    ) -> Result<Option<Override>, OverrideError> {
-        overrides::put(self, o, max).await
-    }
-
-    async fn delete_override(
-        &self,
-        d: &str,
-        e: &[OverrideEntry],
-    ) -> Result<Option<Override>, StoreError> {
-        overrides::delete(self, d, e).await
-    }
-
-    async fn overrides_version(&self) -> Result<u64, StoreError> {
-        overrides::version(self).await
-    }
-
-    async fn load_overrides(&self) -> Result<OverrideSet, StoreError> {
-        overrides::load(self).await
-    }
-
     fn script_runner(&self) -> Option<ScriptRunner> {
         Some(ScriptRunner {
             shared: self.shared.clone(),

@@ -5,8 +5,9 @@ one GET and reload only on change. Both keys carry the same hash tag (one
 Cluster slot).
 
 KEYS[1]   the HASH: field = the descriptor's canonical name, value = the
-          override as JSON (with its domain and expires_at_ms).
-KEYS[2]   the version counter.
+          override as JSON (with its domain and expires_at_ms). The
+          version counter is KEYS[1] .. ':version' (the same hash tag, so
+          the same Cluster slot).
 ARGV[1]   the operation:
   version                      -> {version}
   load                         -> the JSON text {"version":V,"all":[…]}
@@ -25,13 +26,14 @@ local function text(s)
 end
 
 local op = ARGV[1]
+local version_key = KEYS[1] .. ':version'
 
 if op == 'version' then
-  return { tonumber(redis.call('GET', KEYS[2]) or '0') }
+  return { tonumber(redis.call('GET', version_key) or '0') }
 end
 
 if op == 'load' then
-  local version = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local version = tonumber(redis.call('GET', version_key) or '0')
   local values = redis.call('HVALS', KEYS[1])
   return text('{"version":' .. version .. ',"all":[' .. table.concat(values, ',') .. ']}')
 end
@@ -57,7 +59,7 @@ if op == 'put' then
     end
   end
   redis.call('HSET', KEYS[1], field, value)
-  redis.call('INCR', KEYS[2])
+  redis.call('INCR', version_key)
   return text('{"full":false,"before":' .. (before or 'null') .. '}')
 end
 
@@ -65,7 +67,7 @@ if op == 'delete' then
   local before = redis.call('HGET', KEYS[1], ARGV[2])
   if before then
     redis.call('HDEL', KEYS[1], ARGV[2])
-    redis.call('INCR', KEYS[2])
+    redis.call('INCR', version_key)
   end
   return text('{"before":' .. (before or 'null') .. '}')
 end
