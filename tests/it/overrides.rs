@@ -1,0 +1,166 @@
+//! Run-time overrides on the admin port of one `sluice` binary over the
+//! memory store: writes off without `admin_token`, bodies checked strictly,
+//! an override in force at once on the replica that took it (keeping the
+//! rule's counter when the window is the same), shown in `/rlconfig` and
+//! counted in the metrics. Replicas sharing Redis are in `tests/redis/`.
+
+use crate::support;
+
+use std::net::SocketAddr;
+
+use support::{Process, http, http_with_headers, start_binary_with_http};
+
+const RULES: &str = r#"
+domain: billing
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 2}
+"#;
+
+const TOKEN: &str = "memory-token";
+
+const ACME: &str = r#"{"descriptor": [{"key": "tenant", "value": "acme"}], "requests_per_unit": 4, "unit": "minute"}"#;
+
+/// A binary over RULES; with the token file when `token`.
+fn sluice(token: bool) -> (Process, SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let (rules, token_file) = (
+        rules.display().to_string(),
+        token_file.display().to_string(),
+    );
+    let mut args = vec!["--rules", &rules];
+    if token {
+        args.extend(["--admin-token", &token_file]);
+    }
+    let (process, _, http) = start_binary_with_http(&args);
+    (process, http, dir)
+}
+
+/// ACME with one more field.
+fn with_field(field: &str) -> String {
+    format!("{}, {field}}}", &ACME[..ACME.len() - 1])
+}
+
+fn write(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let bearer = format!("Bearer {TOKEN}");
+    http_with_headers(addr, method, path, &[("Authorization", &bearer)], body)
+}
+
+fn hit(addr: SocketAddr, tenant: &str) -> u16 {
+    let request = format!(
+        r#"{{"domain": "billing", "descriptors": [{{"entries": [{{"key": "tenant", "value": "{tenant}"}}]}}]}}"#
+    );
+    http(addr, "POST", "/json", &request).0
+}
+
+#[test]
+fn without_an_admin_token_writes_answer_403_naming_the_setting() {
+    let (_process, addr, _dir) = sluice(false);
+    for method in ["PUT", "DELETE"] {
+        let (status, body) = write(addr, method, "/overrides/billing", ACME);
+        assert_eq!(status, 403, "{method}: {body}");
+        assert!(body.contains("admin_token"), "{method}: {body}");
+    }
+    let (status, body) = http(addr, "GET", "/overrides/billing", "");
+    assert_eq!(status, 200, "reads need no token: {body}");
+    assert_eq!(hit(addr, "acme"), 200);
+}
+
+#[test]
+fn bad_bodies_unknown_domains_and_unmatched_descriptors_are_refused_with_the_reason() {
+    let (_process, addr, _dir) = sluice(true);
+    let refused = [
+        (ACME.replace("minute", "fortnight"), 400, "unit must be"),
+        (
+            ACME.replace("4,", "4294967296,"),
+            400,
+            "requests_per_unit must be",
+        ),
+        (
+            r#"{"descriptor": [], "requests_per_unit": 4, "unit": "minute"}"#.to_owned(),
+            400,
+            "descriptor must be",
+        ),
+        (ACME.replace("\"unit\"", "\"units\""), 400, "unknown field"),
+        (with_field(r#""expires_at": "tomorrow""#), 400, "RFC 3339"),
+        (
+            with_field(r#""expires_at": "2001-01-01T00:00:00Z""#),
+            400,
+            "has passed",
+        ),
+        (ACME.replace("tenant", "region"), 404, "no rule of domain"),
+    ];
+    for (body, status, says) in refused {
+        let (got, answer) = write(addr, "PUT", "/overrides/billing", &body);
+        assert_eq!(got, status, "{body}: {answer}");
+        assert!(answer.contains(says), "{body}: {answer}");
+    }
+    let (got, answer) = write(addr, "PUT", "/overrides/nowhere", ACME);
+    assert_eq!(got, 404, "{answer}");
+    assert!(answer.contains("no domain nowhere"), "{answer}");
+    let (got, answer) = write(addr, "DELETE", "/overrides/billing", ACME);
+    assert_eq!(got, 400, "DELETE takes only the descriptor: {answer}");
+    let (got, answer) = write(
+        addr,
+        "DELETE",
+        "/overrides/billing",
+        r#"{"descriptor": [{"key": "tenant", "value": "acme"}]}"#,
+    );
+    assert_eq!(got, 404, "nothing to delete: {answer}");
+}
+
+#[test]
+fn an_override_applies_at_once_keeps_the_counter_and_shows_in_rlconfig_and_metrics() {
+    let (_process, addr, _dir) = sluice(true);
+    // The rule's 2 a minute, used up.
+    assert_eq!(
+        [hit(addr, "acme"), hit(addr, "acme"), hit(addr, "acme")],
+        [200, 200, 429]
+    );
+
+    let (status, body) = write(addr, "PUT", "/overrides/billing", ACME);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""before":"rule 2/minute""#), "{body}");
+    // Same window: the counter (2 used) is kept, so 2 more fit, not 4.
+    assert_eq!(
+        [hit(addr, "acme"), hit(addr, "acme"), hit(addr, "acme")],
+        [200, 200, 429]
+    );
+    // Only that exact descriptor.
+    assert_eq!(
+        [
+            hit(addr, "globex"),
+            hit(addr, "globex"),
+            hit(addr, "globex")
+        ],
+        [200, 200, 429]
+    );
+
+    let (_, config) = http(addr, "GET", "/rlconfig", "");
+    assert!(
+        config.contains("# override billing tenant=acme: 4/minute"),
+        "{config}"
+    );
+    let (_, metrics) = http(addr, "GET", "/metrics", "");
+    for series in [
+        r#"sluice_overrides{domain="billing"} 1"#,
+        r#"sluice_override_writes_total{op="put",result="ok"} 1"#,
+        r#"sluice_override_decisions_total{domain="billing"} 3"#,
+    ] {
+        assert!(metrics.contains(series), "{series} in:\n{metrics}");
+    }
+
+    let (status, body) = write(
+        addr,
+        "DELETE",
+        "/overrides/billing",
+        r#"{"descriptor": [{"key": "tenant", "value": "acme"}]}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (_, config) = http(addr, "GET", "/rlconfig", "");
+    assert!(!config.contains("# override"), "{config}");
+}
