@@ -12,6 +12,9 @@
 //! counters (a weight-0 decision) and `DELETE` the same resets them. Off
 //! unless `admin_counters` is set: anyone who reaches the admin port could
 //! otherwise refill any client's budget.
+//!
+//! `/overrides/{domain}` (run-time limits per descriptor, writes behind the
+//! `admin_token`) is merged in from `server::overrides`.
 
 use std::sync::Arc;
 use std::time::Instant;
