@@ -164,3 +164,92 @@ fn an_override_applies_at_once_keeps_the_counter_and_shows_in_rlconfig_and_metri
     let (_, config) = http(addr, "GET", "/rlconfig", "");
     assert!(!config.contains("# override"), "{config}");
 }
+
+/// A binary whose log goes to a file, for the audit lines: the process,
+/// its admin address and the log's path.
+fn logged_sluice(
+    dir: &std::path::Path,
+    token_file: &str,
+) -> (Process, SocketAddr, std::path::PathBuf) {
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let log = dir.join("sluice.log");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--rules",
+            &rules.display().to_string(),
+            "--admin-token",
+            token_file,
+        ])
+        .env_remove("RUST_LOG")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("run sluice");
+    let process = Process(child);
+    let http = support::eventually::eventually("sluice to log its admin address", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.split("http=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|addr| addr.parse::<SocketAddr>().ok())
+    });
+    (process, http, log)
+}
+
+#[test]
+fn a_rotated_token_file_takes_over_and_every_write_is_an_audit_line_without_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let (_process, addr, log) = logged_sluice(dir.path(), &token_file.display().to_string());
+
+    let (status, body) = write(addr, "PUT", "/overrides/billing", ACME);
+    assert_eq!(status, 200, "{body}");
+    let audit = std::fs::read_to_string(&log).unwrap();
+    let line = audit
+        .lines()
+        .find(|l| l.contains("override set"))
+        .unwrap_or_else(|| panic!("no audit line in:\n{audit}"));
+    for part in [
+        "caller=127.0.0.1:",
+        "token:",
+        "domain=billing",
+        "descriptor=tenant=acme",
+        "before=rule 2/minute",
+        "after=4/minute",
+    ] {
+        assert!(line.contains(part), "{part} in {line}");
+    }
+    assert!(
+        !audit.contains(TOKEN),
+        "the token itself is never logged:\n{audit}"
+    );
+
+    // The Secret is rotated: the new token is taken within the reload
+    // interval, and the old one is refused from then on.
+    std::fs::write(&token_file, "rotated-token\n").unwrap();
+    let delete = r#"{"descriptor": [{"key": "tenant", "value": "acme"}]}"#;
+    support::eventually::eventually("the rotated token to be accepted", || {
+        let (status, body) = http_with_headers(
+            addr,
+            "DELETE",
+            "/overrides/billing",
+            &[("Authorization", "Bearer rotated-token")],
+            delete,
+        );
+        (status == 200)
+            .then_some(())
+            .ok_or(format!("{status}: {body}"))
+    });
+    let (status, _) = write(addr, "PUT", "/overrides/billing", ACME);
+    assert_eq!(status, 401, "the old token after the rotation");
+    let audit = std::fs::read_to_string(&log).unwrap();
+    assert!(audit.contains("override deleted"), "{audit}");
+}

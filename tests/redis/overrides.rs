@@ -204,3 +204,32 @@ fn writes_without_the_token_are_refused_and_the_cap_is_enforced_clearly() {
     let (status, body) = authorized(a, "PUT", &ACME_4.replace("acme", "two").replace('4', "7"));
     assert_eq!(status, 200, "replacing an override is not one more: {body}");
 }
+
+#[test]
+fn on_a_cluster_an_override_set_on_one_replica_is_enforced_by_the_other() {
+    let files = files();
+    let prefix = unique_prefix();
+    let url = support::redis::shared_cluster().url();
+    let start = || {
+        let (process, _, http) = start_binary_with_http(&[
+            "--rules",
+            &files.rules,
+            "--redis-url",
+            &url,
+            "--redis-key-prefix",
+            &prefix,
+            "--admin-token",
+            &files.token,
+        ]);
+        (process, http)
+    };
+    let (_a, a) = start();
+    let (_b, b) = start();
+    let (status, body) = authorized(a, "PUT", ACME_4);
+    assert_eq!(status, 200, "{body}");
+    eventually("replica B on the Cluster to apply the override", || {
+        limit_of(b, "acme") == 4
+    });
+    let answers: Vec<u16> = (0..5).map(|_| hit(b, "acme")).collect();
+    assert_eq!(answers, [200, 200, 200, 200, 429]);
+}
