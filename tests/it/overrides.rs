@@ -253,3 +253,90 @@ fn a_rotated_token_file_takes_over_and_every_write_is_an_audit_line_without_the_
     let audit = std::fs::read_to_string(&log).unwrap();
     assert!(audit.contains("override deleted"), "{audit}");
 }
+
+/// The limit the limiter reports for `tenant=acme` (a weight-0 check).
+async fn reported(
+    limiter: &sluice::decision::Limiter<sluice::store::MemoryStore>,
+) -> (u64, String) {
+    let (limit, _) = decided(limiter, 0).await;
+    limit
+}
+
+/// The limit reported for `tenant=acme` with weight `hits`, and whether it
+/// was admitted.
+async fn decided(
+    limiter: &sluice::decision::Limiter<sluice::store::MemoryStore>,
+    hits: u64,
+) -> ((u64, String), bool) {
+    use sluice::request::{Descriptor, Entry, Request};
+    let request = Request {
+        domain: "billing".into(),
+        descriptors: vec![Descriptor {
+            entries: vec![Entry {
+                key: "tenant".into(),
+                value: "acme".into(),
+            }],
+            hits_addend: Some(hits),
+            ..Descriptor::default()
+        }],
+        hits_addend: 0,
+    };
+    let decision = limiter.decide(&request).await.unwrap();
+    let limit = decision.statuses[0].limit.clone().expect("a limit");
+    let reported = (limit.requests, limit.unit.proto_name().to_owned());
+    (reported, decision.admitted)
+}
+
+#[tokio::test]
+async fn an_override_in_another_unit_counts_apart_and_stops_applying_at_expires_at() {
+    use sluice::decision::{Limiter, LimiterOptions};
+    use sluice::limiter::ManualClock;
+    use sluice::store::{CounterStore, MemoryStore, Override, OverrideEntry};
+    use std::sync::Arc;
+
+    let clock = Arc::new(ManualClock::new(support::T0));
+    let store = MemoryStore::new(&Default::default(), clock.clone());
+    let options = LimiterOptions {
+        clock: clock.clone(),
+        ..LimiterOptions::default()
+    };
+    let limiter = Limiter::with_options(support::rules(RULES), store, options);
+    assert_eq!(reported(&limiter).await, (2, "MINUTE".to_owned()));
+    // The rule's minute counter, full.
+    for _ in 0..2 {
+        assert!(decided(&limiter, 1).await.1);
+    }
+    assert!(!decided(&limiter, 1).await.1);
+
+    let hourly = Override {
+        domain: "billing".into(),
+        descriptor: vec![OverrideEntry {
+            key: "tenant".into(),
+            value: "acme".into(),
+        }],
+        requests_per_unit: 1,
+        unit: "hour".into(),
+        expires_at_ms: Some(support::T0 + 60_000),
+        set_by: "test".into(),
+        set_at_ms: support::T0,
+    };
+    limiter.store().put_override(hourly, 10).await.unwrap();
+    assert!(limiter.refresh_overrides().await.unwrap(), "a new version");
+    assert!(
+        !limiter.refresh_overrides().await.unwrap(),
+        "nothing changed since"
+    );
+    // Another window: a counter of its own, empty (the minute's 2 do not
+    // count against it): one admitted, the next refused.
+    assert_eq!(decided(&limiter, 1).await, ((1, "HOUR".to_owned()), true));
+    assert_eq!(decided(&limiter, 1).await, ((1, "HOUR".to_owned()), false));
+
+    clock.set(support::T0 + 59_999);
+    assert_eq!(reported(&limiter).await, (1, "HOUR".to_owned()));
+    clock.set(support::T0 + 60_000);
+    assert_eq!(
+        reported(&limiter).await,
+        (2, "MINUTE".to_owned()),
+        "expired at expires_at: the rule's limit again"
+    );
+}
