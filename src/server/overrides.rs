@@ -98,8 +98,9 @@ impl AdminToken {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
         match given {
             Some(given) if same(given.as_bytes(), expected.as_bytes()) => Ok(fingerprint(given)),
             Some(_) => Err(unauthorized("the bearer token is not the admin_token")),
