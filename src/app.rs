@@ -25,6 +25,11 @@ pub mod build;
 /// How often the memory store drops counters that have expired.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
+/// How often every replica asks the store whether the run-time overrides
+/// changed (one cheap read; they are loaded only on a change): a write on
+/// any replica is in force everywhere within this, well inside a second.
+const OVERRIDES_POLL: Duration = Duration::from_millis(500);
+
 /// How long start-up waits for Redis before serving anyway (requests then
 /// fail UNAVAILABLE until Redis answers).
 const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -188,6 +193,12 @@ async fn serve<S: CounterStore>(
             .with_upstream_stats(upstream.as_ref().map(|running| running.stats.clone())),
     );
     limiter.metrics().record_rules_loaded(unix_now());
+    // The overrides kept in the store (across restarts, in Redis) are in
+    // force before the first request is served.
+    if let Err(error) = limiter.refresh_overrides().await {
+        tracing::warn!(%error, "run-time overrides not loaded yet; retrying in the background");
+    }
+    tokio::spawn(poll_overrides(limiter.clone(), shutdown.clone()));
     // Kept while serving: the handle is what the gate and readiness read.
     let _xds = match source {
         RulesFrom::Files(files) => {
@@ -287,6 +298,34 @@ fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Reloads the run-time overrides whenever the store's version of them
+/// changes, every [`OVERRIDES_POLL`] until shutdown. A failure keeps the
+/// overrides in force and is logged once until the store answers again.
+async fn poll_overrides<S: CounterStore>(limiter: Arc<Limiter<S>>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(OVERRIDES_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => break,
+        }
+        match limiter.refresh_overrides().await {
+            Ok(changed) => {
+                if changed {
+                    tracing::debug!("run-time overrides reloaded");
+                }
+                failing = false;
+            }
+            Err(error) if !failing => {
+                tracing::warn!(%error, "run-time overrides could not be reloaded; keeping those in force");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// Drops expired counters from the memory store every [`SWEEP_INTERVAL`].

@@ -24,6 +24,7 @@ mod conn;
 mod grpc;
 pub mod health;
 mod http;
+mod overrides;
 mod rls;
 mod streams;
 mod tls;
@@ -149,7 +150,7 @@ impl Default for ServeOptions {
 }
 
 /// What the listeners offer beyond [`ServeOptions`], all off by default.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServeExtras {
     /// Fill `dynamic_metadata` as envoyproxy/ratelimit's
     /// `RESPONSE_DYNAMIC_METADATA` does (setting `response_dynamic_metadata`).
@@ -162,11 +163,30 @@ pub struct ServeExtras {
     /// Tell the upstream its headroom in `request_headers_to_add` (setting
     /// `upstream_headroom_headers`).
     pub upstream_headroom: bool,
+    /// The file of the bearer token that `/overrides` writes need (setting
+    /// `admin_token`); without it they are refused.
+    pub admin_token: Option<std::path::PathBuf>,
+    /// Most run-time overrides per domain (setting
+    /// `overrides_max_per_domain`).
+    pub overrides_max_per_domain: usize,
+}
+
+impl Default for ServeExtras {
+    fn default() -> Self {
+        Self {
+            dynamic_metadata: false,
+            problem_body: false,
+            admin_counters: false,
+            upstream_headroom: false,
+            admin_token: None,
+            overrides_max_per_domain: 1_000,
+        }
+    }
 }
 
 impl ServeOptions {
     /// What responses carry besides the decision, on both listeners.
-    fn response(&self, extras: ServeExtras) -> crate::service::ResponseOptions {
+    fn response(&self, extras: &ServeExtras) -> crate::service::ResponseOptions {
         crate::service::ResponseOptions {
             headers: self.headers,
             dynamic_metadata: extras.dynamic_metadata,
@@ -206,7 +226,7 @@ pub async fn run_with<S: CounterStore>(
     let health = health::service(limiter.clone(), shutdown.clone());
     let (routes, rls) = grpc::routes(
         limiter.clone(),
-        options.response(extras),
+        options.response(&extras),
         health,
         options.grpc.max_request_bytes,
         listeners.rules_gate.clone(),
@@ -284,9 +304,11 @@ fn admin_router<S: CounterStore>(
     shutdown: &CancellationToken,
 ) -> axum::Router {
     let admin_options = admin::AdminOptions {
-        response: options.response(extras),
+        response: options.response(&extras),
         counters: extras.admin_counters,
         healthy_with_config_loaded: options.healthy_with_config_loaded,
+        admin_token: extras.admin_token.clone(),
+        overrides_max_per_domain: extras.overrides_max_per_domain,
     };
     admin::router_with(limiter.clone(), admin_options, shutdown.clone())
 }
@@ -399,7 +421,8 @@ fn serve_http(
         closing.clone(),
         // One request deadline for every port (`request_timeout_ms`).
         move |io, activity| {
-            let requests = http::HttpRequests::new(router.clone(), timeout, activity.clone());
+            let peer = io.peer_addr().ok();
+            let requests = http::HttpRequests::new(router.clone(), timeout, activity.clone(), peer);
             http::serve(&http1, conn::Tracked::new(io, activity), requests)
         },
     )

@@ -46,6 +46,8 @@ pub fn serve_extras(s: &Settings) -> ServeExtras {
         problem_body: s.problem_json_body,
         admin_counters: s.admin_counters,
         upstream_headroom: s.upstream_headroom_headers,
+        admin_token: s.admin_token.clone(),
+        overrides_max_per_domain: s.overrides_max_per_domain.get(),
     }
 }
 

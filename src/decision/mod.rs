@@ -27,7 +27,7 @@ use crate::limiter::{Clock, Counting, SoftRatio, SystemClock};
 use crate::overlimit::OverLimitCache;
 use crate::request::Request;
 use crate::rules::RuleSet;
-use crate::store::{CounterStore, LimitOutcome, StoreError};
+use crate::store::{CounterStore, LimitOutcome, OverrideSet, StoreError};
 use crate::telemetry::metrics::Metrics;
 
 pub use bounds::Bounds;
@@ -127,6 +127,9 @@ pub struct Limiter<S> {
     shadow_mode: bool,
     /// Upstream's stats (envoyproxy/ratelimit names); `None` when off.
     upstream: Option<Arc<crate::telemetry::upstream::UpstreamStats>>,
+    /// The run-time overrides as last loaded from the store, swapped whole
+    /// (see [`Limiter::refresh_overrides`]).
+    overrides: ArcSwap<OverrideSet>,
 }
 
 impl<S: CounterStore> Limiter<S> {
@@ -162,6 +165,7 @@ impl<S: CounterStore> Limiter<S> {
             },
             shadow_mode: options.shadow_mode,
             upstream: None,
+            overrides: ArcSwap::default(),
         }
     }
 
@@ -217,6 +221,35 @@ impl<S: CounterStore> Limiter<S> {
         &self.store
     }
 
+    /// The run-time overrides in force.
+    pub fn overrides(&self) -> Arc<OverrideSet> {
+        self.overrides.load_full()
+    }
+
+    /// Asks the store for the version of its overrides and, when it is not
+    /// the version in force, loads them all and puts them in force; whether
+    /// it did. Called every few hundred milliseconds on every replica (a
+    /// cheap read), and at once after a write through this replica.
+    ///
+    /// # Errors
+    ///
+    /// The store failed; the overrides in force stay.
+    pub async fn refresh_overrides(&self) -> Result<bool, StoreError> {
+        let version = self.store.overrides_version().await?;
+        if version == self.overrides.load().version {
+            return Ok(false);
+        }
+        let set = self.store.load_overrides().await?;
+        let mut counts: std::collections::BTreeMap<&str, i64> = Default::default();
+        let now = self.clock.now();
+        for o in set.by_field.values().filter(|o| o.live_at(now)) {
+            *counts.entry(o.domain.as_str()).or_default() += 1;
+        }
+        self.metrics.set_overrides_in_force(counts);
+        self.overrides.store(Arc::new(set));
+        Ok(true)
+    }
+
     /// Decides `request`, counting it if admitted.
     pub async fn decide(&self, request: &Request) -> Result<Decision, DecideError> {
         self.bounds.check(request)?;
@@ -227,9 +260,19 @@ impl<S: CounterStore> Limiter<S> {
                 statuses: vec![Status::NO_LIMIT; request.descriptors.len()],
             });
         };
-        let Planned { plans, batch } = plan::plan(domain, request, self.defaults)?;
-
         let now = self.clock.now();
+        let overrides = self.overrides.load();
+        let in_force = plan::Overrides {
+            set: &overrides,
+            now_ms: now,
+        };
+        let Planned { plans, batch } = plan::plan(domain, request, self.defaults, in_force)?;
+        for plan in &plans {
+            if matches!(plan, Plan::Limited(limited) if limited.overridden) {
+                self.metrics.record_override_applied(&request.domain);
+            }
+        }
+
         let mut from_cache = false;
         let (admitted, results) = if let Some(results) = self.answer_from_cache(&batch, now) {
             self.metrics.record_local_cache_hit();

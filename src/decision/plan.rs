@@ -10,7 +10,7 @@ use crate::limiter::{
 };
 use crate::request::{Descriptor, Request};
 use crate::rules::{DEFAULT_BUCKETS, Domain, Limit, Rule};
-use crate::store::{Batch, BatchItem};
+use crate::store::{Batch, BatchItem, Override, OverrideSet};
 
 use super::DecideError;
 
@@ -37,6 +37,8 @@ pub(super) struct Limited<'r> {
     pub counting: Counting,
     /// The weight is given back (`is_negative_hits`), not counted.
     pub refund: bool,
+    /// A run-time override replaced the rule's limits.
+    pub overridden: bool,
 }
 
 /// What the limiter's options decide for rules that leave it open.
@@ -76,6 +78,13 @@ impl<'r> PlannedLimit<'r> {
     }
 }
 
+/// The run-time overrides in force, and the time to judge their expiry by.
+#[derive(Clone, Copy)]
+pub(super) struct Overrides<'o> {
+    pub set: &'o OverrideSet,
+    pub now_ms: u64,
+}
+
 /// A request's plans, one per descriptor in order, and the store batch: one
 /// item per `Limited` plan, in the same order.
 pub(super) struct Planned<'r> {
@@ -88,15 +97,14 @@ pub(super) fn plan<'r>(
     domain: &'r Domain,
     request: &Request,
     defaults: Defaults,
+    overrides: Overrides<'_>,
 ) -> Result<Planned<'r>, DecideError> {
-    // Each limited plan travels with the identity of its counters until the
-    // replaced limits are known.
     // Each limited plan travels with the identity of its counters until the
     // replaced limits are known.
     let matched: Vec<(Plan<'r>, Option<Identity>)> = request
         .descriptors
         .iter()
-        .map(|descriptor| match_descriptor(domain, request, descriptor, defaults))
+        .map(|descriptor| match_descriptor(domain, request, descriptor, (defaults, overrides)))
         .collect::<Result<_, _>>()?;
 
     // `replaces`: a limit named by any matched limit is neither checked nor
@@ -148,7 +156,7 @@ fn match_descriptor<'r>(
     domain: &'r Domain,
     request: &Request,
     descriptor: &Descriptor,
-    defaults: Defaults,
+    (defaults, overrides): (Defaults, Overrides<'_>),
 ) -> Result<(Plan<'r>, Option<Identity>), DecideError> {
     let hits = weight(request, descriptor);
     let refund = descriptor.is_negative_hits;
@@ -176,29 +184,80 @@ fn match_descriptor<'r>(
             hits,
             counting: defaults.counting,
             refund,
+            overridden: false,
         };
         return Ok((Plan::Limited(limited), Some(identity.build())));
     }
-    Ok(match domain.find(&descriptor.entries) {
-        None => (Plan::NoLimit, None),
-        Some(found) if found.rule.unlimited => (Plan::Unlimited, None),
-        Some(found) => {
-            let limited = Limited {
-                limits: found
-                    .rule
-                    .limits
-                    .iter()
-                    .map(|limit| PlannedLimit::of_rule(limit, defaults))
-                    .collect(),
-                role: role(found.rule.role),
-                rule: Some(found.rule),
-                hits,
-                counting: found.rule.counting.unwrap_or(defaults.counting),
-                refund,
-            };
-            (Plan::Limited(limited), Some(found.identity))
-        }
-    })
+    let Some(found) = domain.find(&descriptor.entries) else {
+        return Ok((Plan::NoLimit, None));
+    };
+    let entries = descriptor
+        .entries
+        .iter()
+        .map(|e| (e.key.as_str(), e.value.as_str()));
+    let replaced = overrides
+        .set
+        .find(&request.domain, entries, overrides.now_ms)
+        .and_then(|o| override_limit(found.rule, o, defaults));
+    let overridden = replaced.is_some();
+    let limits = match replaced {
+        Some(limit) => vec![limit],
+        None if found.rule.unlimited => return Ok((Plan::Unlimited, None)),
+        None => found
+            .rule
+            .limits
+            .iter()
+            .map(|limit| PlannedLimit::of_rule(limit, defaults))
+            .collect(),
+    };
+    let limited = Limited {
+        limits,
+        role: role(found.rule.role),
+        rule: Some(found.rule),
+        hits,
+        counting: found.rule.counting.unwrap_or(defaults.counting),
+        refund,
+        overridden,
+    };
+    Ok((Plan::Limited(limited), Some(found.identity)))
+}
+
+/// The one limit a run-time override puts in place of `rule`'s limits.
+/// The counters keep the rule's identity. When a limit of the rule has the
+/// override's window length, the override takes its algorithm and name and
+/// so its counter: only the number of requests changes, nothing already
+/// counted is forgotten. Otherwise it counts in the default sliding window
+/// of its unit, a counter of its own that starts empty.
+fn override_limit<'r>(
+    rule: &'r Rule,
+    o: &Override,
+    defaults: Defaults,
+) -> Option<PlannedLimit<'r>> {
+    let unit = o.unit()?;
+    let window_ms = unit.millis()?;
+    let planned = match rule
+        .limits
+        .iter()
+        .find(|l| l.spec.window.duration_ms == window_ms)
+    {
+        Some(same) => PlannedLimit {
+            spec: LimitSpec {
+                requests: o.requests_per_unit,
+                window: same.spec.window,
+            },
+            unit,
+            ..PlannedLimit::of_rule(same, defaults)
+        },
+        None => PlannedLimit {
+            source: None,
+            spec: override_spec(u32::try_from(o.requests_per_unit).ok()?, unit).ok()?,
+            unit,
+            name: rule.limits.first().and_then(|l| l.name.as_ref()),
+            replaces: &[],
+            soft_ratio: defaults.soft_ratio,
+        },
+    };
+    Some(planned)
 }
 
 /// A descriptor's own `hits_addend` when set (0 means check only), else the

@@ -12,6 +12,9 @@
 //! counters (a weight-0 decision) and `DELETE` the same resets them. Off
 //! unless `admin_counters` is set: anyone who reaches the admin port could
 //! otherwise refill any client's budget.
+//!
+//! `/overrides/{domain}` (run-time limits per descriptor, writes behind the
+//! `admin_token`) is merged in from `server::overrides`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,7 +44,7 @@ struct Admin<S> {
 }
 
 /// How the admin server behaves.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AdminOptions {
     /// What `/json` responses carry besides the decision (as gRPC's).
     pub response: ResponseOptions,
@@ -50,6 +53,11 @@ pub struct AdminOptions {
     /// `/healthcheck` answers 200 only once rules are loaded (setting
     /// `healthy_with_config_loaded`).
     pub healthy_with_config_loaded: bool,
+    /// The file of the bearer token `/overrides` writes need (setting
+    /// `admin_token`); writes are refused without one.
+    pub admin_token: Option<std::path::PathBuf>,
+    /// Most overrides per domain (setting `overrides_max_per_domain`).
+    pub overrides_max_per_domain: usize,
 }
 
 /// The admin routes over `limiter`.
@@ -74,6 +82,12 @@ pub fn router_with<S: CounterStore>(
     options: AdminOptions,
     shutdown: CancellationToken,
 ) -> Router {
+    let token = super::overrides::AdminToken::start(options.admin_token.clone(), shutdown.clone());
+    let overrides = super::overrides::router(
+        limiter.clone(),
+        token,
+        options.overrides_max_per_domain.max(1),
+    );
     let state = Arc::new(Admin {
         limiter,
         options,
@@ -91,6 +105,7 @@ pub fn router_with<S: CounterStore>(
             get(counters_get::<S>).delete(counters_delete::<S>),
         )
         .with_state(state)
+        .merge(overrides)
 }
 
 async fn readyz<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Response {
@@ -153,8 +168,13 @@ async fn metrics<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> Respons
         .into_response()
 }
 
+/// The rules, then the run-time overrides in force.
 async fn rlconfig<S: CounterStore>(State(admin): State<Arc<Admin<S>>>) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     describe_rules(&admin.limiter.rules())
+        + &super::overrides::describe(&admin.limiter.overrides(), now)
 }
 
 /// The rules as `/rlconfig` shows them: [`RuleSet`]'s `Display`.

@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,18 +54,32 @@ pub(crate) struct HttpRequests {
     router: Router,
     timeout: Duration,
     activity: Arc<Activity>,
+    /// The client's address, given to handlers as axum's `ConnectInfo`
+    /// (the audit lines of `/overrides` name it).
+    peer: Option<SocketAddr>,
 }
 
 impl HttpRequests {
-    pub(crate) fn new(router: Router, timeout: Duration, activity: Arc<Activity>) -> Self {
+    pub(crate) fn new(
+        router: Router,
+        timeout: Duration,
+        activity: Arc<Activity>,
+        peer: Option<SocketAddr>,
+    ) -> Self {
         Self {
             router,
             timeout,
             activity,
+            peer,
         }
     }
 
-    async fn answer(mut self, request: Request<Incoming>) -> Response<Body> {
+    async fn answer(mut self, mut request: Request<Incoming>) -> Response<Body> {
+        if let Some(peer) = self.peer {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+        }
         let router = &mut self.router;
         let call = async move {
             poll_fn(|cx| Service::<Request<Incoming>>::poll_ready(router, cx)).await?;

@@ -263,6 +263,10 @@ settings! {
     upstream_headroom_headers: bool = false, flag bool, "BOOL";
     "Serve GET and DELETE /counters on the admin port (inspect and reset one counter)"
     admin_counters: bool = false, flag bool, "BOOL";
+    "File holding the bearer token that PUT and DELETE /overrides require (re-read when it changes); without it those writes are refused with 403"
+    admin_token: Option<PathBuf> = None, flag PathBuf, "PATH";
+    "Most run-time overrides one domain may hold; a PUT of one more is refused with 409"
+    overrides_max_per_domain: NonZeroUsize = nonzero(1000), flag usize, "N";
     "Serve gRPC over TLS with this certificate (PEM); needs grpc_tls_key"
     grpc_tls_cert: Option<PathBuf> = None, flag PathBuf, "PATH";
     "Private key (PEM) of grpc_tls_cert"

@@ -28,7 +28,10 @@ use indexmap::IndexMap;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::{SmallVec, smallvec};
 
-use super::{Batch, BatchOutcome, CounterStore, LimitOutcome, StoreError, counted_used};
+use super::{
+    Batch, BatchOutcome, CounterStore, LimitOutcome, Override, OverrideBook, OverrideEntry,
+    OverrideError, OverrideSet, StoreError, counted_used,
+};
 use crate::limiter::algorithm::FixedWindow;
 use crate::limiter::{Clock, CounterKey, Identity, LimitSpec, Millis, State, Window, batch};
 use crate::telemetry::metrics::MemoryStoreMetrics;
@@ -95,6 +98,8 @@ pub struct MemoryStore {
     evicted: AtomicU64,
     /// Where occupancy and evictions are also shown, once told.
     metrics: OnceLock<MemoryStoreMetrics>,
+    /// Limits set at run time (this replica's only).
+    overrides: OverrideBook,
 }
 
 use shard::{Cap, Shard};
@@ -117,6 +122,7 @@ impl MemoryStore {
                 })
                 .collect(),
             clock,
+            overrides: OverrideBook::default(),
             hasher: RandomState::default(),
             per_shard,
             per_shard_bytes: per_shard_bytes.max(1),
@@ -422,6 +428,31 @@ impl CounterStore for MemoryStore {
     async fn reset(&self, identity: &Identity, windows: &[Window]) -> Result<(), StoreError> {
         self.forget(identity, windows);
         Ok(())
+    }
+
+    /// In process: one replica's, forgotten at exit.
+    async fn put_override(
+        &self,
+        new: Override,
+        max_per_domain: usize,
+    ) -> Result<Option<Override>, OverrideError> {
+        Ok(self.overrides.put(new, max_per_domain, self.clock.now())?)
+    }
+
+    async fn delete_override(
+        &self,
+        domain: &str,
+        descriptor: &[OverrideEntry],
+    ) -> Result<Option<Override>, StoreError> {
+        Ok(self.overrides.delete(domain, descriptor))
+    }
+
+    async fn overrides_version(&self) -> Result<u64, StoreError> {
+        Ok(self.overrides.version())
+    }
+
+    async fn load_overrides(&self) -> Result<OverrideSet, StoreError> {
+        Ok(self.overrides.load())
     }
 }
 

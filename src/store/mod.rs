@@ -5,10 +5,12 @@
 
 mod breaker;
 mod memory;
+mod overrides;
 mod redis;
 
 pub use breaker::{BreakerConfig, Circuit};
 pub use memory::{MemoryStore, MemoryStoreConfig};
+pub use overrides::{DomainFull, Override, OverrideBook, OverrideEntry, OverrideSet};
 #[cfg(feature = "bench")]
 pub use redis::server_info;
 pub use redis::{
@@ -144,6 +146,21 @@ impl StoreError {
     }
 }
 
+/// Why an override could not be set.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum OverrideError {
+    /// The domain has its maximum count of overrides already.
+    #[error(transparent)]
+    Full(#[from] DomainFull),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn no_overrides() -> StoreError {
+    StoreError::Unavailable("this counter store cannot keep overrides".into())
+}
+
 /// A place where counters live.
 pub trait CounterStore: Send + Sync + 'static {
     /// Checks every limit of the batch and, if the request is admitted,
@@ -164,6 +181,63 @@ pub trait CounterStore: Send + Sync + 'static {
             Err(StoreError::Unavailable(
                 "this counter store cannot reset counters".into(),
             ))
+        }
+    }
+
+    /// Sets `new` (see `overrides`), replacing the override of the same
+    /// descriptor, which is returned; refused when its domain has
+    /// `max_per_domain` live overrides already. Outside the request path.
+    /// By default through the store's [`ScriptRunner`] (Redis keeps them,
+    /// shared by every replica); a store without one cannot keep them.
+    fn put_override(
+        &self,
+        new: Override,
+        max_per_domain: usize,
+    ) -> impl Future<Output = Result<Option<Override>, OverrideError>> + Send {
+        let runner = self.script_runner();
+        async move {
+            match runner {
+                Some(runner) => runner.put_override(new, max_per_domain).await,
+                None => Err(no_overrides().into()),
+            }
+        }
+    }
+
+    /// Deletes the override of `descriptor` in `domain`, returning it.
+    fn delete_override(
+        &self,
+        domain: &str,
+        descriptor: &[OverrideEntry],
+    ) -> impl Future<Output = Result<Option<Override>, StoreError>> + Send {
+        let runner = self.script_runner();
+        async move {
+            match runner {
+                Some(runner) => runner.delete_override(domain, descriptor).await,
+                None => Err(no_overrides()),
+            }
+        }
+    }
+
+    /// The version of the overrides: it changes on every set and delete,
+    /// so that a replica polls this cheaply and loads them only then.
+    fn overrides_version(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let runner = self.script_runner();
+        async move {
+            match runner {
+                Some(runner) => runner.overrides_version().await,
+                None => Err(no_overrides()),
+            }
+        }
+    }
+
+    /// Every override, with the version they are at.
+    fn load_overrides(&self) -> impl Future<Output = Result<OverrideSet, StoreError>> + Send {
+        let runner = self.script_runner();
+        async move {
+            match runner {
+                Some(runner) => runner.load_overrides().await,
+                None => Err(no_overrides()),
+            }
         }
     }
 

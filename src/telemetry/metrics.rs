@@ -19,6 +19,7 @@ use prometheus_client::registry::Registry;
 
 mod limits;
 mod operations;
+mod overrides;
 
 pub use limits::{LimitCounters, LimitEvent};
 use limits::{Series, add_hits};
@@ -178,6 +179,8 @@ pub struct Metrics {
     rules_refused: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Limits, build, memory store, reconciliations, TLS handshakes.
     operations: Operations,
+    /// Run-time overrides.
+    overrides: overrides::Overrides,
     /// Runtime descriptor label values seen so far; a lock because any
     /// request may add one, and the set is what bounds the cardinality.
     descriptors: Mutex<HashSet<String>>,
@@ -212,6 +215,7 @@ impl Metrics {
             rules_loaded: Gauge::default(),
             rules_refused: Gauge::default(),
             operations: Operations::default(),
+            overrides: overrides::Overrides::default(),
             descriptors: Mutex::new(HashSet::new()),
             registry: Registry::default(),
         };
@@ -219,6 +223,7 @@ impl Metrics {
         metrics.register_store(&mut registry);
         metrics.register_service(&mut registry);
         metrics.operations.register(&mut registry);
+        metrics.overrides.register(&mut registry);
         let request_codes = metrics.known_series();
         Self {
             registry,

@@ -43,13 +43,15 @@ fn the_settings_reference_documents_every_setting_with_its_env_and_flag() {
     }
 }
 
-/// The metric names registered in src/telemetry/metrics.rs and
-/// metrics/operations.rs, where every metric is defined (families without samples yet do not show in
-/// `/metrics`, so the source is the complete list).
+/// The metric names registered in src/telemetry/metrics.rs,
+/// metrics/operations.rs and metrics/overrides.rs, where every metric is
+/// defined (families without samples yet do not show in `/metrics`, so the
+/// source is the complete list).
 pub(crate) fn registered_metrics() -> Vec<String> {
     let telemetry = repo().join("src/telemetry");
-    let source =
-        read(&telemetry.join("metrics.rs")) + &read(&telemetry.join("metrics/operations.rs"));
+    let source = read(&telemetry.join("metrics.rs"))
+        + &read(&telemetry.join("metrics/operations.rs"))
+        + &read(&telemetry.join("metrics/overrides.rs"));
     source
         .split("registry.register(")
         .skip(1)

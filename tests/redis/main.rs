@@ -2,8 +2,9 @@
 //! started by the harness (`support::redis`): the service over Redis, faults
 //! of a single server and of a Cluster, coalescing, batching across
 //! identities, the ways to connect (TLS, unix socket, Sentinel), the harness
-//! itself, the numbering of the scripts' records (`lua_build`), and the
-//! soft-breach and headroom warnings agreeing with the memory store's.
+//! itself, run-time overrides shared by replicas (`overrides`), the
+//! numbering of the scripts' records (`lua_build`), and the soft-breach and
+//! headroom warnings agreeing with the memory store's.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -17,6 +18,7 @@ mod harness;
 /// The scripts' named records (build/lua.rs, which build.rs runs).
 #[path = "../../build/lua.rs"]
 mod lua_build;
+mod overrides;
 mod service;
 mod store_faults;
 mod warnings;
