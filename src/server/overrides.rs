@@ -347,6 +347,46 @@ fn parse_put(domain: &str, body: &str, set_by: String, now: u64) -> Result<Overr
     })
 }
 
+/// One write (`op`: put or delete) as the metrics count it: refused,
+/// failed in the store, or done.
+struct Write<'m> {
+    metrics: &'m crate::telemetry::metrics::Metrics,
+    op: &'static str,
+}
+
+impl<'m> Write<'m> {
+    /// The write, and the fingerprint of the caller's token; or its
+    /// refusal, counted, when the token does not match.
+    fn authorized<S: CounterStore>(
+        api: &'m Api<S>,
+        op: &'static str,
+        headers: &HeaderMap,
+    ) -> Result<(Self, String), Refusal> {
+        let write = Self {
+            metrics: api.limiter.metrics(),
+            op,
+        };
+        let fingerprint = api.token.check(headers).inspect_err(|_| {
+            write.metrics.record_override_write(op, "refused");
+        })?;
+        Ok((write, fingerprint))
+    }
+
+    fn refused(&self, refusal: Refusal) -> Response {
+        self.metrics.record_override_write(self.op, "refused");
+        refusal.into_response()
+    }
+
+    fn failed(&self, e: impl std::fmt::Display) -> Response {
+        self.metrics.record_override_write(self.op, "error");
+        (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+    }
+
+    fn done(&self) {
+        self.metrics.record_override_write(self.op, "ok");
+    }
+}
+
 async fn put<S: CounterStore>(
     State(api): State<Arc<Api<S>>>,
     Path(domain): Path<String>,
@@ -354,15 +394,11 @@ async fn put<S: CounterStore>(
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    let metrics = api.limiter.metrics();
-    let refused = |refusal: Refusal| {
-        metrics.record_override_write("put", "refused");
-        refusal.into_response()
+    let (write, fingerprint) = match Write::authorized(&api, "put", &headers) {
+        Ok(authorized) => authorized,
+        Err(refusal) => return refusal.into_response(),
     };
-    let fingerprint = match api.token.check(&headers) {
-        Ok(f) => f,
-        Err(refusal) => return refused(refusal),
-    };
+    let refused = |refusal| write.refused(refusal);
     let now = now_ms();
     let who = caller(&extensions, &fingerprint);
     let new = match parse_put(&domain, &body, who.clone(), now) {
@@ -383,10 +419,7 @@ async fn put<S: CounterStore>(
         Err(e @ OverrideError::Full(_)) => {
             return refused(refuse(StatusCode::CONFLICT, &format!("{e}\n")));
         }
-        Err(OverrideError::Store(e)) => {
-            metrics.record_override_write("put", "error");
-            return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
-        }
+        Err(OverrideError::Store(e)) => return write.failed(e),
     };
     let before = before.as_ref().map_or(rule, limit_text);
     tracing::info!(
@@ -398,7 +431,7 @@ async fn put<S: CounterStore>(
         expires_at = new.expires_at_ms.map(rfc3339).unwrap_or_default(),
         "override set"
     );
-    metrics.record_override_write("put", "ok");
+    write.done();
     applied_here(&api).await;
     axum::Json(serde_json::json!({
         "domain": domain,
@@ -415,15 +448,11 @@ async fn delete<S: CounterStore>(
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    let metrics = api.limiter.metrics();
-    let refused = |refusal: Refusal| {
-        metrics.record_override_write("delete", "refused");
-        refusal.into_response()
+    let (write, fingerprint) = match Write::authorized(&api, "delete", &headers) {
+        Ok(authorized) => authorized,
+        Err(refusal) => return refusal.into_response(),
     };
-    let fingerprint = match api.token.check(&headers) {
-        Ok(f) => f,
-        Err(refusal) => return refused(refusal),
-    };
+    let refused = |refusal| write.refused(refusal);
     let body: DeleteBody = match serde_json::from_str(&body) {
         Ok(body) => body,
         Err(e) => return refused(bad_request(e)),
@@ -448,10 +477,7 @@ async fn delete<S: CounterStore>(
                 ),
             ));
         }
-        Err(e) => {
-            metrics.record_override_write("delete", "error");
-            return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
-        }
+        Err(e) => return write.failed(e),
     };
     tracing::info!(
         caller = %caller(&extensions, &fingerprint),
@@ -461,7 +487,7 @@ async fn delete<S: CounterStore>(
         after = %rule,
         "override deleted"
     );
-    metrics.record_override_write("delete", "ok");
+    write.done();
     applied_here(&api).await;
     axum::Json(serde_json::json!({
         "domain": domain,

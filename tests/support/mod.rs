@@ -400,14 +400,29 @@ pub fn http_exchange(
     path: &str,
     body: &str,
 ) -> (u16, String, String) {
+    http_exchange_with(addr, method, path, &[], body)
+}
+
+/// [`http_exchange`] with `headers` besides the usual ones.
+pub fn http_exchange_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).expect("connect to the HTTP port");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -438,31 +453,9 @@ pub fn http_with_headers(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the HTTP port");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let extra: String = headers
-        .iter()
-        .map(|(name, value)| format!("{name}: {value}\r\n"))
-        .collect();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reply = String::new();
-    let _ = stream.read_to_string(&mut reply);
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let (status, _, body) = http_exchange_with(addr, method, path, headers, body);
     assert_ne!(status, 0, "no status line from {addr}{path}");
-    (status, body.to_owned())
+    (status, body)
 }
 
 /// The admin port's `/rlqs` page at `addr`, as JSON (fetched off the async
