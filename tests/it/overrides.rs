@@ -174,31 +174,19 @@ fn logged_sluice(
     let rules = dir.join("rules.yaml");
     std::fs::write(&rules, RULES).unwrap();
     let log = dir.join("sluice.log");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .args([
-            "--rules",
-            &rules.display().to_string(),
-            "--admin-token",
-            token_file,
-        ])
-        .env_remove("RUST_LOG")
+    let rules = rules.display().to_string();
+    let child = support::serve_command(&["--rules", &rules, "--admin-token", token_file])
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("run sluice");
     let process = Process(child);
     let http = support::eventually::eventually("sluice to log its admin address", || {
+        // Whole lines only: the server may be writing the last one.
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        text.lines()
-            .find_map(|l| l.split("http=").nth(1))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|addr| addr.parse::<SocketAddr>().ok())
+        text.split_inclusive('\n')
+            .filter(|line| line.ends_with('\n'))
+            .find_map(support::listening)
+            .map(|(_, http)| http)
     });
     (process, http, log)
 }

@@ -257,7 +257,27 @@ pub fn start_binary(args: &[&str]) -> (Process, String) {
 
 /// As [`start_binary`], also returning the admin HTTP address.
 pub fn start_binary_with_http(args: &[&str]) -> (Process, String, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let mut child = serve_command(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sluice");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let process = Process(child);
+    for line in lines.by_ref() {
+        if let Some((grpc, http)) = listening(&line.expect("read log")) {
+            // Keep draining the log so the server never blocks on a full pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            return (process, grpc, http);
+        }
+    }
+    panic!("sluice exited before listening");
+}
+
+/// `sluice serve` on free loopback ports with `args`, `RUST_LOG` unset.
+pub fn serve_command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command
         .args([
             "serve",
             "--grpc-addr",
@@ -266,34 +286,19 @@ pub fn start_binary_with_http(args: &[&str]) -> (Process, String, SocketAddr) {
             "127.0.0.1:0",
         ])
         .args(args)
-        .env_remove("RUST_LOG")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run sluice");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let process = Process(child);
-    for line in lines.by_ref() {
-        let line = line.expect("read log");
-        if let Some(at) = line.find("grpc=") {
-            let addr = line[at + 5..]
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .to_string();
-            let http_at = line.find("http=").expect("the http address is logged too");
-            let http = line[http_at + 5..]
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
-            // Keep draining the log so the server never blocks on a full pipe.
-            std::thread::spawn(move || lines.for_each(drop));
-            return (process, addr, http);
-        }
-    }
-    panic!("sluice exited before listening");
+        .env_remove("RUST_LOG");
+    command
+}
+
+/// The gRPC and admin HTTP addresses of the log line that announces them.
+pub fn listening(line: &str) -> Option<(String, SocketAddr)> {
+    let after = |key: &str| line.split(key).nth(1)?.split_whitespace().next();
+    let grpc = after("grpc=")?.to_owned();
+    let http = after("http=")
+        .expect("the http address is logged with the grpc one")
+        .parse()
+        .expect("an address");
+    Some((grpc, http))
 }
 
 /// A symlink named `ratelimit` in `dir` to the `sluice` binary: the image
