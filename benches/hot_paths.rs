@@ -35,6 +35,7 @@ fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {
             duration_ms,
             algorithm: Algorithm::SlidingWindow { precision_ms },
         },
+        penalty: None,
     }
 }
 

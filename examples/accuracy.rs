@@ -429,6 +429,7 @@ fn algorithms(limit: u64) -> Vec<(&'static str, LimitSpec)> {
             duration_ms: WINDOW_MS,
             algorithm,
         },
+        penalty: None,
     };
     let sliding = |buckets| {
         spec(Algorithm::SlidingWindow {
@@ -904,6 +905,7 @@ fn gcra_rounding(limit: u64) -> (u64, u64, u64) {
             duration_ms: WINDOW_MS,
             algorithm: Algorithm::TokenBucket { burst: limit },
         },
+        penalty: None,
     };
     let mut state = State::new(&spec);
     let (mut model, _) = definition(&spec);

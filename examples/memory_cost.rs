@@ -81,6 +81,7 @@ fn main() {
             duration_ms: 60_000,
             algorithm,
         },
+        penalty: None,
     };
     let before = rss();
     for n in 0..counters {
@@ -106,6 +107,7 @@ fn main() {
                             precision_ms: 1_000,
                         },
                     },
+                    penalty: None,
                 };
                 for t in 0..3_600 {
                     store.apply_at(&batch(n, limit, 1), t * 1_000);

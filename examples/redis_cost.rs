@@ -43,6 +43,7 @@ fn spec(requests: u64, duration_ms: u64, algorithm: Algorithm) -> LimitSpec {
             duration_ms,
             algorithm,
         },
+        penalty: None,
     }
 }
 

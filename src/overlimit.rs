@@ -198,6 +198,7 @@ mod tests {
             duration_ms: 1_000,
             algorithm: Algorithm::FixedWindow,
         },
+        penalty: None,
     };
 
     fn full(full_for_ms: u64, reset_ms: u64) -> LimitOutcome {

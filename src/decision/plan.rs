@@ -244,6 +244,7 @@ fn override_limit<'r>(
             spec: LimitSpec {
                 requests: o.requests_per_unit,
                 window: same.spec.window,
+                penalty: None,
             },
             unit,
             ..PlannedLimit::of_rule(same, defaults)
@@ -281,5 +282,6 @@ fn override_spec(requests: u32, unit: Unit) -> Result<LimitSpec, DecideError> {
                 precision_ms: duration_ms / DEFAULT_BUCKETS,
             },
         },
+        penalty: None,
     })
 }

@@ -250,6 +250,7 @@ mod tests {
             duration_ms: 60_000,
             algorithm: Algorithm::FixedWindow,
         },
+        penalty: None,
     };
 
     fn debit(hits: u64, role: Role) -> Item {

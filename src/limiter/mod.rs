@@ -9,12 +9,14 @@ pub mod batch;
 pub mod calendar;
 pub mod clock;
 pub mod key;
+pub mod penalty;
 pub mod soft;
 pub mod unit;
 
 pub use algorithm::{Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use key::{CounterKey, Identity, IdentityBuilder};
+pub use penalty::{Block, Penalty};
 pub use soft::SoftRatio;
 pub use unit::Unit;
 
@@ -47,6 +49,8 @@ pub struct LimitSpec {
     pub requests: u64,
     /// The window and algorithm.
     pub window: Window,
+    /// The penalty box an identity it refuses goes into, if any.
+    pub penalty: Option<Penalty>,
 }
 
 /// Which debits a limit counts.

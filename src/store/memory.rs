@@ -409,6 +409,7 @@ impl Locked<'_> {
                     let spec = LimitSpec {
                         requests: 0,
                         window: key.window,
+                        penalty: None,
                     };
                     (None, State::new(&spec))
                 }

@@ -137,6 +137,7 @@ impl Timeline {
         LimitSpec {
             requests: self.limit,
             window: self.window,
+            penalty: None,
         }
     }
 
@@ -895,7 +896,7 @@ proptest! {
                         .filter(|w| mask & (1 << w) != 0)
                         .map(|w| {
                             counters.push(((who, w), hits));
-                            LimitSpec { requests: case.limits[who][w], window: case.windows[w] }
+                            LimitSpec { requests: case.limits[who][w], window: case.windows[w], penalty: None, }
                         })
                         .collect();
                     item(&ids[who], limits, hits)
@@ -910,7 +911,7 @@ proptest! {
             // The pure model: admitted iff every counter has room for its weight.
             let mut fits = true;
             for (i, &((who, w), hits)) in counters.iter().enumerate() {
-                let spec = LimitSpec { requests: case.limits[who][w], window: case.windows[w] };
+                let spec = LimitSpec { requests: case.limits[who][w], window: case.windows[w], penalty: None, };
                 let state = model.entry((who, w)).or_insert_with(|| State::new(&spec));
                 let used = state.used(&spec, now);
                 prop_assert_eq!(before[i], used, "counter {:?} at {}", (who, w), now);
@@ -922,7 +923,7 @@ proptest! {
                 if outcome.admitted {
                     prop_assert_eq!(after[i], before[i] + hits, "counter {:?} at {}", (who, w), now);
                     prop_assert_eq!(outcome.limits[i].used, before[i] + hits);
-                    let spec = LimitSpec { requests: case.limits[who][w], window: case.windows[w] };
+                    let spec = LimitSpec { requests: case.limits[who][w], window: case.windows[w], penalty: None, };
                     model.get_mut(&(who, w)).expect("created above").add(&spec, now, hits);
                 } else {
                     prop_assert_eq!(after[i], before[i], "counter {:?} at {}", (who, w), now);
@@ -943,7 +944,7 @@ proptest! {
     ) {
         let (store, clock) = store();
         let who = identity("v");
-        let spec = LimitSpec { requests: case.limit, window: case.window };
+        let spec = LimitSpec { requests: case.limit, window: case.window, penalty: None, };
         let single = |hits| Batch { items: vec![item(&who, vec![spec], hits)] };
         let mut now = 0;
         for (t, weight) in case.instants() {
@@ -1020,7 +1021,7 @@ proptest! {
         case in timeline(1u64..=50, prop_oneof![any_window(), concurrency_window()], 0u64..=80, 40),
         refund in 0u64..=120,
     ) {
-        let spec = LimitSpec { requests: case.limit, window: case.window };
+        let spec = LimitSpec { requests: case.limit, window: case.window, penalty: None, };
         let mut state = State::new(&spec);
         let mut now = 0;
         for (t, weight) in case.instants() {
@@ -1056,7 +1057,7 @@ proptest! {
         limit in 1u64..=50,
         now in 0u64..=1_000_000,
     ) {
-        let spec = LimitSpec { requests: limit, window };
+        let spec = LimitSpec { requests: limit, window, penalty: None, };
         let mut state = State::new(&spec);
         let capacity = spec.capacity();
         let used = state.used(&spec, now);

@@ -91,6 +91,7 @@ fn flatten(items: &[(Item, Vec<(usize, u64)>)], windows: &[Window]) -> (Vec<Item
                 spec: LimitSpec {
                     requests,
                     window: windows[counter],
+                    penalty: None,
                 },
             });
         }
@@ -105,6 +106,7 @@ fn empty_states(windows: &[Window]) -> Vec<State> {
             State::new(&LimitSpec {
                 requests: 1,
                 window,
+                penalty: None,
             })
         })
         .collect()
@@ -203,7 +205,7 @@ proptest! {
         requests in 0u64..=12,
         steps in prop::collection::vec((0u64..=300, any_item()), 1..=60),
     ) {
-        let spec = LimitSpec { requests, window };
+        let spec = LimitSpec { requests, window, penalty: None, };
         let mut states = vec![State::new(&spec)];
         let mut alone = State::new(&spec);
         let mut now = 0;
@@ -322,7 +324,7 @@ proptest! {
                 }
             }
             for c in 0..COUNTERS {
-                let spec = LimitSpec { requests: sizes[c], window: windows[c] };
+                let spec = LimitSpec { requests: sizes[c], window: windows[c], penalty: None, };
                 prop_assert_eq!(states[c].used(&spec, now), in_window(c, &history[c], now), "counter {} at {}", c, now);
             }
         }
@@ -340,7 +342,7 @@ proptest! {
         refunds in prop::collection::vec((0..COUNTERS, 0u64..=15), 1..=5),
     ) {
         let mut states = empty_states(&windows);
-        let spec = |c: usize| LimitSpec { requests: sizes[c], window: windows[c] };
+        let spec = |c: usize| LimitSpec { requests: sizes[c], window: windows[c], penalty: None, };
         let mut now = 0;
         for (delta, c, hits) in fill {
             now += delta;

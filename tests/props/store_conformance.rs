@@ -35,6 +35,7 @@ pub fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec 
             duration_ms,
             algorithm: Algorithm::SlidingWindow { precision_ms },
         },
+        penalty: None,
     }
 }
 
@@ -45,6 +46,7 @@ pub fn fixed(requests: u64, duration_ms: u64) -> LimitSpec {
             duration_ms,
             algorithm: Algorithm::FixedWindow,
         },
+        penalty: None,
     }
 }
 
@@ -55,6 +57,7 @@ pub fn bucket(requests: u64, duration_ms: u64, burst: u64) -> LimitSpec {
             duration_ms,
             algorithm: Algorithm::TokenBucket { burst },
         },
+        penalty: None,
     }
 }
 
@@ -65,6 +68,7 @@ pub fn log(requests: u64, duration_ms: u64) -> LimitSpec {
             duration_ms,
             algorithm: Algorithm::SlidingLog,
         },
+        penalty: None,
     }
 }
 
@@ -79,6 +83,7 @@ pub fn calendar(requests: u64, period: Period, zone: &str) -> LimitSpec {
                 zone: Zone::get(zone).expect("a zone"),
             }),
         },
+        penalty: None,
     }
 }
 
@@ -96,6 +101,7 @@ pub fn concurrency(slots: u64, lease_ms: u64) -> LimitSpec {
             duration_ms: lease_ms,
             algorithm: Algorithm::Concurrency,
         },
+        penalty: None,
     }
 }
 

@@ -58,6 +58,7 @@ fn limit(algorithm: Algorithm) -> LimitSpec {
             duration_ms: HOUR,
             algorithm,
         },
+        penalty: None,
     }
 }
 

@@ -24,6 +24,7 @@ fn paris_month(requests: u64) -> LimitSpec {
                 zone: Zone::get("Europe/Paris").expect("Paris"),
             }),
         },
+        penalty: None,
     }
 }
 

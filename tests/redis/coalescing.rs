@@ -141,6 +141,7 @@ async fn a_hot_counter_shares_calls_and_decides_each_request_in_turn() {
                 duration_ms: hour,
                 algorithm,
             },
+            penalty: None,
         };
         let name = format!("{algorithm:?}");
         let calls = evalsha_calls(&redis);
@@ -232,6 +233,7 @@ async fn requests_of_many_identities_share_calls_and_each_counter_decides_in_tur
             duration_ms: hour,
             algorithm,
         },
+        penalty: None,
     });
     let calls = evalsha_calls(&redis);
     redis.pause();

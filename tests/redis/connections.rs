@@ -57,6 +57,7 @@ fn per_second(requests: u64) -> LimitSpec {
             duration_ms: 1_000,
             algorithm: Algorithm::FixedWindow,
         },
+        penalty: None,
     }
 }
 

@@ -499,6 +499,7 @@ pub fn per_minute(requests: u64) -> LimitSpec {
                 precision_ms: 1_000,
             },
         },
+        penalty: None,
     }
 }
 

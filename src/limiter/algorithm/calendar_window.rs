@@ -125,6 +125,7 @@ mod tests {
                 duration_ms: Period::Month.nominal_ms(),
                 algorithm: crate::limiter::Algorithm::Calendar(cal),
             },
+            penalty: None,
         };
         let mut w = CalendarWindow::default();
         let now = at("2026-03-31T12:00:00Z");

@@ -90,6 +90,7 @@ mod tests {
             duration_ms: 60_000,
             algorithm: Algorithm::FixedWindow,
         },
+        penalty: None,
     };
 
     #[test]

@@ -110,6 +110,7 @@ mod tests {
                 duration_ms,
                 algorithm: Algorithm::SlidingLog,
             },
+            penalty: None,
         }
     }
 

@@ -175,6 +175,7 @@ mod tests {
                 duration_ms,
                 algorithm: Algorithm::SlidingWindow { precision_ms },
             },
+            penalty: None,
         }
     }
 

@@ -139,6 +139,7 @@ mod tests {
                 duration_ms,
                 algorithm: Algorithm::TokenBucket { burst },
             },
+            penalty: None,
         }
     }
 

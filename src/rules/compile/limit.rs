@@ -204,6 +204,7 @@ impl Compiler<'_> {
                     duration_ms,
                     algorithm,
                 },
+                penalty: None,
             },
             unit: reported,
             name: name.map(Arc::from),

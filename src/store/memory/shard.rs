@@ -118,6 +118,7 @@ impl Shard {
                 let spec = LimitSpec {
                     requests: counter.requests,
                     window: key.window,
+                    penalty: None,
                 };
                 // A limit of 0 counts nothing: nothing is lost by forgetting it.
                 let capacity = spec.capacity().max(1);

@@ -13,6 +13,7 @@ fn hit(store: &MemoryStore, value: &str, now: Millis) -> BatchOutcome {
     let limit = LimitSpec {
         requests: 1,
         window: MINUTE,
+        penalty: None,
     };
     hits(store, value, limit, 1, now)
 }
@@ -60,6 +61,7 @@ fn victims_freed_by_a_flood(algorithm: Algorithm, flood: usize) -> usize {
             duration_ms: 3_600_000,
             algorithm,
         },
+        penalty: None,
     };
     for v in 0..100 {
         assert!(hits(&store, &format!("victim{v}"), limit, 100, 0).admitted);
@@ -99,6 +101,7 @@ fn the_least_used_counter_is_evicted_first() {
     let limit = LimitSpec {
         requests: 10,
         window: MINUTE,
+        penalty: None,
     };
     assert!(hits(&store, "full", limit, 10, 0).admitted);
     assert!(hits(&store, "light", limit, 1, 0).admitted);
@@ -118,6 +121,7 @@ fn counters_are_bounded_in_bytes_not_only_in_number() {
             duration_ms: 60_000,
             algorithm: Algorithm::SlidingLog,
         },
+        penalty: None,
     };
     for key in 0..20 {
         for t in 0..1_000 {
@@ -175,6 +179,7 @@ fn bytes_follow_growth_and_are_returned_by_the_sweep() {
             duration_ms: 60_000,
             algorithm: Algorithm::SlidingLog,
         },
+        penalty: None,
     };
     hits(&store, "a", limit, 1, 0);
     let one = store.bytes();
@@ -244,6 +249,7 @@ fn a_rejected_request_creates_no_counter() {
         limits: vec![LimitSpec {
             requests: 0,
             window: MINUTE,
+            penalty: None,
         }],
         hits: 1,
         role: Role::Enforce,
