@@ -33,6 +33,13 @@
 //! `TIME` the cache's times lead the store's by at most the call latency, so
 //! it stops answering early rather than late.
 //!
+//! A counter in its limit's penalty box (`LimitOutcome::blocked`) is over
+//! whatever the weight until the block ends, and nothing is counted on it:
+//! such an entry also answers items of weight 0 and always-counted debits,
+//! and is trusted for [`MAX_BLOCK_TRUST_MS`] (a block is never taken back by
+//! a refund; only `DELETE /counters` lifts one early, which another replica
+//! then sees within that time).
+//!
 //! Entries are keyed by the whole limit, so a reload that changes a limit is
 //! never answered from the old one. Bounded: a full shard first drops
 //! expired entries and then stops taking new ones.
@@ -57,6 +64,11 @@ const SHARDS: usize = 16;
 /// but one call per second per hot counter and replica.
 pub const MAX_TRUST_MS: Millis = 1_000;
 
+/// The longest a penalty block is trusted: a blocked identity costs Redis
+/// one call a minute per replica, and a block lifted by `DELETE /counters`
+/// is seen by every replica within a minute.
+pub const MAX_BLOCK_TRUST_MS: Millis = 60_000;
+
 /// What the store said of one full counter.
 #[derive(Clone, Copy, Debug)]
 struct Full {
@@ -68,6 +80,8 @@ struct Full {
     /// The instant the store reported as the reset; it stays the same until
     /// `until` (see the module header).
     reset_at: Millis,
+    /// A penalty block: over whatever the weight.
+    blocked: bool,
 }
 
 type Shard = HashMap<(Identity, LimitSpec), Full>;
@@ -100,12 +114,15 @@ impl OverLimitCache {
         &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
 
-    /// The outcome the store would report at `now` for a request of weight
-    /// at least 1 that it rejects, if the counter is known full at `now`.
+    /// The outcome the store would report at `now` for a request that it
+    /// rejects, if the counter is known full at `now`: of weight at least 1
+    /// counted only when admitted, or (`blocks_only`) any weight or counting
+    /// when the counter is blocked.
     pub fn outcome(
         &self,
         identity: &Identity,
         limit: &LimitSpec,
+        blocks_only: bool,
         now: Millis,
     ) -> Option<LimitOutcome> {
         if self.entries.load(Ordering::Relaxed) == 0 {
@@ -114,14 +131,22 @@ impl OverLimitCache {
         let key = (identity.clone(), *limit);
         let mut shard = self.shard(&key).lock();
         match shard.get(&key) {
-            Some(full) if full.since <= now && now < full.until => Some(LimitOutcome {
-                // At least the capacity is in use: no headroom. (Only the
-                // headroom is read from `used` for a rejected request.)
-                used: limit.capacity(),
-                over: true,
-                reset_ms: full.reset_at.saturating_sub(now),
-                full_for_ms: full.until - now,
-            }),
+            Some(full) if full.since <= now && now < full.until => {
+                (full.blocked || !blocks_only).then(|| LimitOutcome {
+                    // At least the capacity is in use: no headroom. (Only
+                    // the headroom is read from `used` for a rejected
+                    // request.)
+                    used: limit.capacity(),
+                    over: true,
+                    reset_ms: full.reset_at.saturating_sub(now),
+                    full_for_ms: if full.blocked {
+                        full.reset_at - now
+                    } else {
+                        full.until - now
+                    },
+                    blocked: full.blocked,
+                })
+            }
             Some(full) if full.until <= now => {
                 shard.remove(&key);
                 self.entries.fetch_sub(1, Ordering::Relaxed);
@@ -160,10 +185,16 @@ impl OverLimitCache {
                 return;
             }
         }
+        let trust = if outcome.blocked {
+            MAX_BLOCK_TRUST_MS
+        } else {
+            MAX_TRUST_MS
+        };
         let full = Full {
             since: now,
-            until: now.saturating_add(outcome.full_for_ms.min(MAX_TRUST_MS)),
+            until: now.saturating_add(outcome.full_for_ms.min(trust)),
             reset_at: now.saturating_add(outcome.reset_ms),
+            blocked: outcome.blocked,
         };
         if shard.insert(key, full).is_none() {
             self.entries.fetch_add(1, Ordering::Relaxed);
@@ -207,6 +238,7 @@ mod tests {
             over: true,
             reset_ms,
             full_for_ms,
+            blocked: false,
         }
     }
 
@@ -214,9 +246,9 @@ mod tests {
     fn answers_until_the_time_and_not_after() {
         let cache = OverLimitCache::new(10).unwrap();
         cache.learn(&id("a"), &LIMIT, &full(500, 500), 1_000);
-        let known = cache.outcome(&id("a"), &LIMIT, 1_499).unwrap();
+        let known = cache.outcome(&id("a"), &LIMIT, false, 1_499).unwrap();
         assert_eq!((known.over, known.reset_ms, known.used), (true, 1, 1));
-        assert_eq!(cache.outcome(&id("a"), &LIMIT, 1_500), None);
+        assert_eq!(cache.outcome(&id("a"), &LIMIT, false, 1_500), None);
         assert!(cache.is_empty(), "expired entries are dropped when read");
     }
 
@@ -228,9 +260,12 @@ mod tests {
         let cache = OverLimitCache::new(10).unwrap();
         let hours = 20 * 3_600_000;
         cache.learn(&id("a"), &LIMIT, &full(hours, hours), 1_000);
-        let known = cache.outcome(&id("a"), &LIMIT, 1_000 + MAX_TRUST_MS - 1);
+        let known = cache.outcome(&id("a"), &LIMIT, false, 1_000 + MAX_TRUST_MS - 1);
         assert_eq!(known.map(|k| k.reset_ms), Some(hours - MAX_TRUST_MS + 1));
-        assert_eq!(cache.outcome(&id("a"), &LIMIT, 1_000 + MAX_TRUST_MS), None);
+        assert_eq!(
+            cache.outcome(&id("a"), &LIMIT, false, 1_000 + MAX_TRUST_MS),
+            None
+        );
     }
 
     #[test]
@@ -238,7 +273,10 @@ mod tests {
         let cache = OverLimitCache::new(10).unwrap();
         cache.learn(&id("a"), &LIMIT, &full(300, 900), 1_000);
         assert_eq!(
-            cache.outcome(&id("a"), &LIMIT, 1_100).unwrap().reset_ms,
+            cache
+                .outcome(&id("a"), &LIMIT, false, 1_100)
+                .unwrap()
+                .reset_ms,
             800
         );
     }
@@ -248,14 +286,14 @@ mod tests {
         let cache = OverLimitCache::new(10).unwrap();
         cache.learn(&id("a"), &LIMIT, &full(500, 500), 1_000);
         cache.learn(&id("a"), &LIMIT, &full(0, 500), 1_001);
-        assert_eq!(cache.outcome(&id("a"), &LIMIT, 1_002), None);
+        assert_eq!(cache.outcome(&id("a"), &LIMIT, false, 1_002), None);
     }
 
     #[test]
     fn a_clock_stepping_back_is_not_answered() {
         let cache = OverLimitCache::new(10).unwrap();
         cache.learn(&id("a"), &LIMIT, &full(500, 500), 1_000);
-        assert_eq!(cache.outcome(&id("a"), &LIMIT, 999), None);
+        assert_eq!(cache.outcome(&id("a"), &LIMIT, false, 999), None);
     }
 
     #[test]
@@ -266,7 +304,7 @@ mod tests {
             requests: 2,
             ..LIMIT
         };
-        assert_eq!(cache.outcome(&id("a"), &raised, 1_000), None);
+        assert_eq!(cache.outcome(&id("a"), &raised, false, 1_000), None);
     }
 
     #[test]
@@ -293,7 +331,7 @@ mod tests {
         assert!(cache.len() > 1);
         // Some expire and are dropped when read, some are reported not full.
         for i in 0..40 {
-            let _ = cache.outcome(&id(&i.to_string()), &LIMIT, 1_120);
+            let _ = cache.outcome(&id(&i.to_string()), &LIMIT, false, 1_120);
             if i % 3 == 0 {
                 cache.learn(&id(&i.to_string()), &LIMIT, &full(0, 500), 1_120);
             }
@@ -305,5 +343,23 @@ mod tests {
             assert_eq!(cache.len(), held(&cache));
         }
         assert!(!cache.is_empty());
+    }
+
+    #[test]
+    fn a_block_answers_any_weight_for_up_to_a_minute_and_a_full_counter_does_not() {
+        let cache = OverLimitCache::new(10).unwrap();
+        let block = LimitOutcome {
+            blocked: true,
+            ..full(900_000, 900_000)
+        };
+        cache.learn(&id("a"), &LIMIT, &block, 1_000);
+        cache.learn(&id("b"), &LIMIT, &full(900_000, 900_000), 1_000);
+        let known = cache.outcome(&id("a"), &LIMIT, true, 31_000).unwrap();
+        assert!(known.blocked);
+        assert_eq!((known.reset_ms, known.full_for_ms), (870_000, 870_000));
+        let end = 1_000 + MAX_BLOCK_TRUST_MS;
+        assert_eq!(cache.outcome(&id("a"), &LIMIT, true, end), None);
+        assert_eq!(cache.outcome(&id("b"), &LIMIT, true, 1_001), None);
+        assert!(cache.outcome(&id("b"), &LIMIT, false, 1_001).is_some());
     }
 }

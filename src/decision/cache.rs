@@ -9,9 +9,10 @@ use super::Limiter;
 
 impl<S> Limiter<S> {
     /// The store's per-limit outcomes for `batch`, known without calling
-    /// it: only when every limit of the batch is a counter known full, every
-    /// item has a weight, and the roles make that a rejection (see
-    /// `overlimit` for why the answer is then the store's).
+    /// it: only when every limit of the batch is a counter known full (for
+    /// an item of weight 0 or counted always: known blocked, see
+    /// `overlimit`), no item is a refund, and the roles make that a
+    /// rejection (see `overlimit` for why the answer is then the store's).
     pub(super) fn answer_from_cache(
         &self,
         batch: &Batch,
@@ -19,12 +20,9 @@ impl<S> Limiter<S> {
     ) -> Option<Vec<LimitOutcome>> {
         let cache = self.cache.as_ref()?;
         if batch.items.is_empty()
-            // A refund or an always-counted debit changes the counter
-            // whatever the answer: only the store can apply it.
-            || batch
-                .items
-                .iter()
-                .any(|item| item.hits == 0 || item.stands())
+            // A refund changes the counter whatever the answer: only the
+            // store can apply it.
+            || batch.items.iter().any(|item| item.refund)
             || admits(batch.items.iter().map(|item| (item.role, true)))
         {
             return None;
@@ -33,7 +31,13 @@ impl<S> Limiter<S> {
             .items
             .iter()
             .flat_map(|item| item.limits.iter().map(move |limit| (item, limit)))
-            .map(|(item, limit)| cache.outcome(&item.identity, limit, now))
+            .map(|(item, limit)| {
+                // A full counter fits no hit, and counts nothing only when
+                // the item counts with admission; a blocked one refuses and
+                // counts nothing whatever the item.
+                let blocks_only = item.hits == 0 || item.stands();
+                cache.outcome(&item.identity, limit, blocks_only, now)
+            })
             .collect()
     }
 

@@ -11,12 +11,12 @@
 //!
 //! | driver.lua | here |
 //! |---|---|
-//! | *Plan the reads*: one state per distinct counter | the caller: [`Limit::counter`] indexes `states` |
-//! | *Read*: every state loaded once and brought to `now` | the caller loads `states` (an absent counter is [`State::new`]); [`State::used`] forgets what left the window |
-//! | *Pass 1*: every limit checked as if every earlier limit of the request were counted | [`check`]: `used`, `pending`, `over` per limit |
+//! | *Plan the reads*: one state per distinct counter (and its block, for a limit with a penalty box) | the caller: [`Limit::counter`] indexes `states` and `blocks` |
+//! | *Read*: every state loaded once and brought to `now` | the caller loads `states` and `blocks` (an absent counter is [`State::new`] and [`Block::default`]); [`State::used`] forgets what left the window |
+//! | *Pass 1*: every limit checked as if every earlier limit of the request were counted; a blocked one is over (reply value 2) | [`check`]: `used`, `pending`, `over`, `blocked` per limit |
 //! | *Admission* (no enforcing item over, not every quota item over; refunds take no part) | [`admitted`], with [`admits`] |
-//! | *Pass 2*, two phases in request order: what stands whatever the request decides (refunds, always-counted debits), then the debits of an admitted request; each limit reports after its turn | [`count`], in [`counting_order`] |
-//! | *Write* (and a sliding log's *save*) | the caller stores `states` back |
+//! | *Pass 2*, two phases in request order: what stands whatever the request decides (refunds, always-counted debits), then the debits of an admitted request, none on a blocked counter; an over limit with a penalty box not blocked is an offence (`offend`); each limit reports after its turn | [`count`], in [`counting_order`] |
+//! | *Write* (and a sliding log's *save*) | the caller stores `states` and `blocks` back |
 //!
 //! The driver's single path (one key, one limit) takes the same steps
 //! without its records. Redis's own: a Cluster part's admission (the quota
@@ -29,7 +29,7 @@
 //! `now` argument. The memory store runs it inside its one critical section;
 //! `tests/props/batch.rs` holds it to a naive model and to the algorithms.
 
-use super::{Counting, LimitSpec, Millis, Role, State, admits};
+use super::{Block, Counting, LimitSpec, Millis, Role, State, admits};
 
 /// One item of a batch (one descriptor): how its limits take part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +87,11 @@ pub struct Report {
     pub full_for_ms: u64,
     /// Whether its item's weight was added to its counter.
     pub counted: bool,
+    /// Whether its counter is in its penalty box (blocked before the
+    /// request, or by it: an offence); `reset_ms` and `full_for_ms` are then
+    /// the block's remaining time, and nothing was counted on it unless the
+    /// request itself was the offence.
+    pub blocked: bool,
 }
 
 /// What [`evaluate`] decided.
@@ -98,15 +103,22 @@ pub struct Evaluation {
     pub limits: Vec<Report>,
 }
 
-/// Evaluates a whole batch at `now` over `states`, one per distinct counter
-/// ([`Limit::counter`] indexes it), and leaves in `states` what the caller
-/// must store. Every step is the driver's (see the module's table).
+/// Evaluates a whole batch at `now` over `states` and `blocks`, one each
+/// per distinct counter ([`Limit::counter`] indexes them), and leaves in
+/// them what the caller must store. Every step is the driver's (see the
+/// module's table).
 ///
 /// # Panics
 /// If a limit's `item` or `counter` is out of range.
-pub fn evaluate(items: &[Item], limits: &[Limit], states: &mut [State], now: Millis) -> Evaluation {
+pub fn evaluate(
+    items: &[Item],
+    limits: &[Limit],
+    states: &mut [State],
+    blocks: &mut [Block],
+    now: Millis,
+) -> Evaluation {
     let mut reports = vec![Report::default(); limits.len()];
-    let applied = evaluate_into(items, limits, states, &mut reports, now);
+    let applied = evaluate_into(items, limits, states, blocks, &mut reports, now);
     Evaluation {
         applied,
         limits: reports,
@@ -125,24 +137,27 @@ pub fn evaluate_into(
     items: &[Item],
     limits: &[Limit],
     states: &mut [State],
+    blocks: &mut [Block],
     reports: &mut [Report],
     now: Millis,
 ) -> bool {
     assert_eq!(reports.len(), limits.len(), "one report per limit");
-    check(items, limits, states, reports, now);
+    check(items, limits, states, blocks, reports, now);
     let applied = admitted(items, limits, reports);
-    count(items, limits, states, reports, applied, now);
+    count(items, limits, states, blocks, reports, applied, now);
     applied
 }
 
 /// Pass 1: per limit, the use of its counter at `now`, the weight of earlier
 /// limits of the request on that counter, and whether its own weight does
 /// not fit on top of both, written over `reports` (one per limit). A refund
-/// only gives back: never over, and it adds nothing pending.
+/// only gives back: never over, and it adds nothing pending. A limit with a
+/// penalty box whose counter is blocked is over, whatever the weight.
 pub fn check(
     items: &[Item],
     limits: &[Limit],
     states: &mut [State],
+    blocks: &[Block],
     reports: &mut [Report],
     now: Millis,
 ) {
@@ -152,13 +167,18 @@ pub fn check(
         let used = state.used(&limit.spec, now);
         // Reads only the reports of the limits before `j`, written already.
         let pending = pending_before(items, limits, reports, j);
+        let blocked = !item.refund
+            && limit.spec.penalty.is_some()
+            && blocks[limit.counter].blocked_for(now) > 0;
         // Saturated: a sum past u64 fits no limit, never wraps.
-        let over =
-            !item.refund && !state.fits(&limit.spec, now, used, pending.saturating_add(item.hits));
+        let over = blocked
+            || !item.refund
+                && !state.fits(&limit.spec, now, used, pending.saturating_add(item.hits));
         reports[j] = Report {
             used,
             pending,
             over,
+            blocked,
             ..Report::default()
         };
     }
@@ -212,12 +232,15 @@ pub fn counting_order<'a>(
 
 /// Pass 2: gives back each refund (its `used` is then what remains, nothing
 /// pending), adds each counted weight (all of an admitted request's, or
-/// only what stands), and reports each limit's reset and full time right
-/// after its turn.
+/// only what stands; nothing on a blocked counter), and reports each
+/// limit's reset and full time right after its turn. A limit with a penalty
+/// box that is over and was not blocked is an offence: its counter is
+/// blocked from now, and it reports the block.
 pub fn count(
     items: &[Item],
     limits: &[Limit],
     states: &mut [State],
+    blocks: &mut [Block],
     reports: &mut [Report],
     applied: bool,
     now: Millis,
@@ -230,19 +253,30 @@ pub fn count(
             state.refund(&limit.spec, now, item.hits);
             report.used = state.used(&limit.spec, now);
             report.pending = 0;
-        } else if item.counted(applied) {
+        } else if item.counted(applied) && !report.blocked {
             state.add(&limit.spec, now, item.hits);
             report.counted = true;
         }
         report.reset_ms = state.reset_ms(&limit.spec, now);
         report.full_for_ms = state.full_for(&limit.spec, now);
+        if let Some(penalty) = &limit.spec.penalty {
+            let block = &mut blocks[limit.counter];
+            if report.over && !report.blocked {
+                block.offend(penalty, now);
+                report.blocked = true;
+            }
+            if report.blocked {
+                report.reset_ms = block.blocked_for(now);
+                report.full_for_ms = report.reset_ms;
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{Algorithm, Window};
+    use crate::limiter::{Algorithm, Penalty, Window};
 
     const TEN_A_MINUTE: LimitSpec = LimitSpec {
         requests: 10,
@@ -274,7 +308,13 @@ mod tests {
     fn a_counter_named_twice_sees_the_earlier_weight_pending() {
         let mut states = [State::new(&TEN_A_MINUTE)];
         let items = [debit(4, Role::Enforce), debit(7, Role::Enforce)];
-        let out = evaluate(&items, &[on(0, 0), on(1, 0)], &mut states, 1_000);
+        let out = evaluate(
+            &items,
+            &[on(0, 0), on(1, 0)],
+            &mut states,
+            &mut [Block::default(); 2],
+            1_000,
+        );
         assert!(!out.applied);
         assert_eq!((out.limits[1].pending, out.limits[1].over), (4, true));
         assert_eq!(states[0].used(&TEN_A_MINUTE, 1_000), 0, "nothing counted");
@@ -293,7 +333,13 @@ mod tests {
             ..debit(2, Role::Enforce)
         };
         let items = [debit(11, Role::Enforce), always, refund];
-        let out = evaluate(&items, &[on(0, 1), on(1, 1), on(2, 0)], &mut states, 1_000);
+        let out = evaluate(
+            &items,
+            &[on(0, 1), on(1, 1), on(2, 0)],
+            &mut states,
+            &mut [Block::default(); 2],
+            1_000,
+        );
         assert!(!out.applied);
         assert_eq!(out.limits[2].used, 3, "the refund reports what remains");
         assert!(out.limits[1].counted && !out.limits[0].counted);
@@ -304,11 +350,98 @@ mod tests {
     fn quota_items_reject_only_when_all_are_over() {
         let items = [debit(11, Role::Quota), debit(1, Role::Quota)];
         let mut states = [State::new(&TEN_A_MINUTE), State::new(&TEN_A_MINUTE)];
-        let out = evaluate(&items, &[on(0, 0), on(1, 1)], &mut states, 0);
+        let out = evaluate(
+            &items,
+            &[on(0, 0), on(1, 1)],
+            &mut states,
+            &mut [Block::default(); 2],
+            0,
+        );
         assert!(out.applied);
         assert!(
             out.limits[0].over && out.limits[0].counted,
             "admitted: counted too"
         );
+    }
+
+    const FIVE_MINUTES_BLOCKED: Penalty = Penalty {
+        block_ms: 300_000,
+        escalate: 2,
+        max_block_ms: 3_600_000,
+        forget_after_ms: 86_400_000,
+    };
+
+    fn boxed(item: usize) -> Limit {
+        Limit {
+            spec: LimitSpec {
+                penalty: Some(FIVE_MINUTES_BLOCKED),
+                ..TEN_A_MINUTE
+            },
+            ..on(item, 0)
+        }
+    }
+
+    #[test]
+    fn an_offence_blocks_the_counter_and_a_blocked_one_refuses_any_weight() {
+        let (mut states, mut blocks) = ([State::new(&TEN_A_MINUTE)], [Block::default()]);
+        states[0].add(&TEN_A_MINUTE, 1_000, 10);
+        let out = evaluate(
+            &[debit(1, Role::Enforce)],
+            &[boxed(0)],
+            &mut states,
+            &mut blocks,
+            1_000,
+        );
+        let report = out.limits[0];
+        assert!(!out.applied && report.over && report.blocked);
+        assert_eq!((report.reset_ms, report.full_for_ms), (300_000, 300_000));
+        assert_eq!((blocks[0].until, blocks[0].offences), (301_000, 1));
+
+        // After the window, the counter is empty but the block holds: a
+        // check of weight 0 is over, nothing is counted, no new offence.
+        let always = Item {
+            counting: Counting::Always,
+            ..debit(3, Role::Enforce)
+        };
+        for item in [debit(0, Role::Enforce), always] {
+            let out = evaluate(&[item], &[boxed(0)], &mut states, &mut blocks, 200_000);
+            assert!(!out.applied && out.limits[0].blocked && !out.limits[0].counted);
+            assert_eq!(out.limits[0].reset_ms, 101_000);
+        }
+        assert_eq!(states[0].used(&TEN_A_MINUTE, 200_000), 0);
+        assert_eq!(blocks[0].offences, 1, "no offence while blocked");
+
+        // When the block ends the limit counts again; the next offence
+        // doubles the block.
+        let out = evaluate(
+            &[debit(10, Role::Enforce)],
+            &[boxed(0)],
+            &mut states,
+            &mut blocks,
+            301_000,
+        );
+        assert!(out.applied && !out.limits[0].blocked);
+        let out = evaluate(
+            &[debit(1, Role::Enforce)],
+            &[boxed(0)],
+            &mut states,
+            &mut blocks,
+            302_000,
+        );
+        assert_eq!(out.limits[0].reset_ms, 600_000);
+    }
+
+    #[test]
+    fn a_limit_without_a_penalty_ignores_the_block_of_its_counter() {
+        let (mut states, mut blocks) = ([State::new(&TEN_A_MINUTE)], [Block::default()]);
+        blocks[0].until = 5_000;
+        let out = evaluate(
+            &[debit(1, Role::Enforce)],
+            &[on(0, 0)],
+            &mut states,
+            &mut blocks,
+            1_000,
+        );
+        assert!(out.applied && !out.limits[0].blocked);
     }
 }

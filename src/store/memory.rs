@@ -33,7 +33,7 @@ use super::{
     OverrideError, OverrideSet, StoreError, counted_used,
 };
 use crate::limiter::algorithm::FixedWindow;
-use crate::limiter::{Clock, CounterKey, Identity, LimitSpec, Millis, State, Window, batch};
+use crate::limiter::{Block, Clock, CounterKey, Identity, LimitSpec, Millis, State, Window, batch};
 use crate::telemetry::metrics::MemoryStoreMetrics;
 
 mod shard;
@@ -183,7 +183,7 @@ impl MemoryStore {
             let shard = &mut *shard.lock();
             let mut freed = 0;
             shard.counters.retain(|key, counter| {
-                let live = counter.state.expires_at(&key.window) > now;
+                let live = counter.expires_at(&key.window) > now;
                 if !live {
                     freed += counter.bytes;
                 }
@@ -210,12 +210,26 @@ impl MemoryStore {
     pub fn apply_at(&self, batch: &Batch, now: Millis) -> BatchOutcome {
         let plan = Plan::new(self, batch);
         let mut locked = self.lock(&plan.counters);
-        let (found, mut states) = locked.take(&plan.counters);
+        let (found, mut states, mut blocks) = locked.take(&plan.counters);
         let mut reports: Few<batch::Report> =
             smallvec![batch::Report::default(); plan.limits.len()];
-        let admitted =
-            batch::evaluate_into(&plan.items, &plan.limits, &mut states, &mut reports, now);
-        self.store(&plan, &mut locked, &found, &mut states, &reports, now);
+        let admitted = batch::evaluate_into(
+            &plan.items,
+            &plan.limits,
+            &mut states,
+            &mut blocks,
+            &mut reports,
+            now,
+        );
+        self.store(
+            &plan,
+            &mut locked,
+            &found,
+            &mut states,
+            &blocks,
+            &reports,
+            now,
+        );
         // Counting may have grown a sliding window or log past the shard's
         // share of the bytes: make room, keeping this request's counters.
         if batch.items.iter().any(|item| item.counted(admitted)) {
@@ -241,6 +255,7 @@ impl MemoryStore {
                     over: report.over,
                     reset_ms: report.reset_ms,
                     full_for_ms: report.full_for_ms,
+                    blocked: report.blocked,
                 }
             })
             .collect();
@@ -256,17 +271,20 @@ impl MemoryStore {
         Locked { order, guards }
     }
 
-    /// Puts the evaluated states back: the counters that were there at their
-    /// place (their bytes and limit updated when counted or refunded), then
-    /// the new ones that were counted, in the order they were first counted
-    /// (making room first when their shard holds its share of counters). A
-    /// counter that was not there and was only checked or refunded stays out.
+    /// Puts the evaluated states and blocks back: the counters that were
+    /// there at their place (their bytes and limit updated when counted,
+    /// refunded or blocked), then the new ones that were counted or blocked
+    /// (an offence), in the order they were first counted (making room first
+    /// when their shard holds its share of counters). A counter that was not
+    /// there and was only checked or refunded stays out.
+    #[allow(clippy::too_many_arguments)]
     fn store(
         &self,
         plan: &Plan,
         locked: &mut Locked<'_>,
         found: &[Option<usize>],
         states: &mut Few<State>,
+        blocks: &[Block],
         reports: &[batch::Report],
         now: Millis,
     ) {
@@ -277,7 +295,7 @@ impl MemoryStore {
         for j in order {
             let limit = &plan.limits[j];
             let touch = &mut touched[limit.counter];
-            if reports[j].counted {
+            if reports[j].counted || reports[j].blocked {
                 *touch = (true, Some(limit.spec.requests));
             } else if plan.items[limit.item].refund {
                 touch.0 = true;
@@ -289,9 +307,14 @@ impl MemoryStore {
             match found[c] {
                 Some(index) => {
                     let (refunded_or_counted, requests) = touched[c];
-                    locked
-                        .shard(*shard)
-                        .put_back(index, key, state, refunded_or_counted, requests);
+                    let counter = (state, blocks[c]);
+                    locked.shard(*shard).put_back(
+                        index,
+                        key,
+                        counter,
+                        refunded_or_counted,
+                        requests,
+                    );
                 }
                 None => {
                     if fresh.is_empty() {
@@ -306,13 +329,14 @@ impl MemoryStore {
         }
         for j in batch::counting_order(&plan.items, &plan.limits) {
             let c = plan.limits[j].counter;
-            if !reports[j].counted {
+            if !(reports[j].counted || reports[j].blocked) {
                 continue;
             }
             if let (Some(state), (_, Some(requests))) = (fresh[c].take(), touched[c]) {
                 let (key, shard) = &plan.counters[c];
                 let shard = locked.shard(*shard);
-                shard.insert(key, state, requests, &plan.counters, now, self);
+                let counter = (state, blocks[c]);
+                shard.insert(key, counter, requests, &plan.counters, now, self);
             }
         }
     }
@@ -389,20 +413,25 @@ impl Locked<'_> {
         &mut self.guards[i]
     }
 
-    /// Takes the state of every counter out of its shard (the script's
-    /// read), leaving a placeholder that nothing reads before it is put
-    /// back (eviction never looks at the batch's counters); an absent
+    /// Takes the state and block of every counter out of its shard (the
+    /// script's read), leaving a placeholder that nothing reads before it is
+    /// put back (eviction never looks at the batch's counters); an absent
     /// counter reads as empty. Returns where each one was found.
-    fn take(&mut self, counters: &[(CounterKey, usize)]) -> (Few<Option<usize>>, Few<State>) {
+    fn take(
+        &mut self,
+        counters: &[(CounterKey, usize)],
+    ) -> (Few<Option<usize>>, Few<State>, Few<Block>) {
         let mut found = Few::with_capacity(counters.len());
         let mut states = Few::with_capacity(counters.len());
+        let mut blocks = Few::with_capacity(counters.len());
         for (key, shard) in counters {
-            let (index, state) = match self.shard(*shard).counters.get_full_mut(key) {
+            let (index, state, block) = match self.shard(*shard).counters.get_full_mut(key) {
                 Some((index, _, counter)) => {
                     let placeholder = State::Fixed(FixedWindow::default());
                     (
                         Some(index),
                         std::mem::replace(&mut counter.state, placeholder),
+                        counter.block,
                     )
                 }
                 None => {
@@ -411,13 +440,14 @@ impl Locked<'_> {
                         window: key.window,
                         penalty: None,
                     };
-                    (None, State::new(&spec))
+                    (None, State::new(&spec), Block::default())
                 }
             };
             found.push(index);
             states.push(state);
+            blocks.push(block);
         }
-        (found, states)
+        (found, states, blocks)
     }
 }
 

@@ -86,6 +86,10 @@ pub struct LimitOutcome {
     /// For how long from now no hit at all can fit this limit (0 when one
     /// can): what a local cache may answer without the store.
     pub full_for_ms: u64,
+    /// Whether its counter is in the limit's penalty box: over whatever the
+    /// weight, for `full_for_ms` (the block's remaining time, also
+    /// `reset_ms`).
+    pub blocked: bool,
 }
 
 /// The `used` a store reports for one limit: after this request (and the

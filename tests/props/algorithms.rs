@@ -867,6 +867,7 @@ proptest! {
                 over: !admitted,
                 reset_ms: state.reset_ms(&spec, now),
                 full_for_ms: state.full_for(&spec, now),
+                blocked: false,
             };
             prop_assert_eq!(outcome.admitted, admitted, "at {} weight {}", now, weight);
             prop_assert_eq!(outcome.limits, vec![expected], "at {} weight {}", now, weight);

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use sluice::limiter::batch::{self, Evaluation, Item, Limit, Report};
-use sluice::limiter::{Algorithm, Counting, LimitSpec, Role, State, Window};
+use sluice::limiter::{Algorithm, Block, Counting, LimitSpec, Role, State, Window};
 
 // ---------------------------------------------------------------------------
 // Generators
@@ -212,7 +212,8 @@ proptest! {
         for (delta, item) in steps {
             now += delta;
             let limits = [Limit { item: 0, counter: 0, spec }];
-            let out = batch::evaluate(&[item], &limits, &mut states, now);
+            let mut blocks = vec![Block::default(); states.len()];
+            let out = batch::evaluate(&[item], &limits, &mut states, &mut blocks, now);
 
             let mut used = alone.used(&spec, now);
             let over = !item.refund && !alone.fits(&spec, now, used, item.hits);
@@ -233,6 +234,7 @@ proptest! {
                 reset_ms: alone.reset_ms(&spec, now),
                 full_for_ms: alone.full_for(&spec, now),
                 counted,
+                blocked: false,
             };
             prop_assert_eq!(out.applied, applied, "{:?} at {}", item, now);
             prop_assert_eq!(out.limits, vec![expected], "{:?} at {}", item, now);
@@ -254,7 +256,8 @@ proptest! {
         for (delta, request) in steps {
             now += delta;
             let (items, limits) = flatten(&request, &windows);
-            let out = batch::evaluate(&items, &limits, &mut states, now);
+            let mut blocks = vec![Block::default(); states.len()];
+            let out = batch::evaluate(&items, &limits, &mut states, &mut blocks, now);
             let expected = naive(&items, &limits, &mut model, now);
             prop_assert_eq!(&out, &expected, "{:?} at {}", request, now);
             for (c, state) in states.iter().enumerate() {
@@ -304,7 +307,8 @@ proptest! {
                 }
             }
             let (items, limits) = flatten(&request, &windows);
-            let out = batch::evaluate(&items, &limits, &mut states, now);
+            let mut blocks = vec![Block::default(); states.len()];
+            let out = batch::evaluate(&items, &limits, &mut states, &mut blocks, now);
 
             let mut wanted = [0u64; COUNTERS];
             let mut fits = true;
@@ -348,7 +352,8 @@ proptest! {
             now += delta;
             // Counted always, so the counters may also be past their limit.
             let item = Item { hits, role: Role::Shadow, counting: Counting::Always, refund: false };
-            batch::evaluate(&[item], &[Limit { item: 0, counter: c, spec: spec(c) }], &mut states, now);
+            let mut blocks = vec![Block::default(); states.len()];
+            batch::evaluate(&[item], &[Limit { item: 0, counter: c, spec: spec(c) }], &mut states, &mut blocks, now);
         }
         let mut held: Vec<u64> = (0..COUNTERS).map(|c| states[c].clone().used(&spec(c), now)).collect();
         let items: Vec<Item> = refunds
@@ -360,7 +365,8 @@ proptest! {
             .enumerate()
             .map(|(i, &(c, _))| Limit { item: i, counter: c, spec: spec(c) })
             .collect();
-        let out = batch::evaluate(&items, &limits, &mut states, now);
+        let mut blocks = vec![Block::default(); states.len()];
+        let out = batch::evaluate(&items, &limits, &mut states, &mut blocks, now);
         prop_assert!(out.applied);
         for (limit, report) in limits.iter().zip(&out.limits) {
             let (c, hits) = (limit.counter, items[limit.item].hits);

@@ -158,7 +158,10 @@ async fn used<S: CounterStore>(store: &S, name: &str, limit: LimitSpec) -> u64 {
         .used
 }
 
+mod penalty;
+
 mod cases {
+    pub use super::penalty::*;
     use super::*;
     use Role::{Enforce, Quota, Shadow};
 
@@ -1058,6 +1061,9 @@ macro_rules! suite {
 }
 
 suite!(
+    a_penalty_box_blocks_escalates_and_forgets,
+    a_block_refuses_the_whole_request,
+    a_shadow_limit_is_blocked_without_refusing,
     token_quota_refuses_the_fourth_request_when_counting_always,
     token_quota_under_admitted_counting_lets_the_fourth_through,
     an_overflowing_charge_counts_and_closes_the_budget,

@@ -13,9 +13,12 @@ pub(super) enum Cap {
     Bytes,
 }
 
-/// One counter's state and what eviction needs to rank it.
+/// One counter's state, its penalty block, and what eviction needs to rank
+/// it.
 pub(super) struct Counter {
     pub(super) state: State,
+    /// All zero unless a limit with a penalty box blocked it.
+    pub(super) block: Block,
     /// The limit's `requests` when the counter was last counted: with the
     /// key's window, the limit to measure how full the counter is.
     pub(super) requests: u64,
@@ -33,6 +36,13 @@ pub(super) struct Shard {
     pub(super) rng: u64,
 }
 
+impl Counter {
+    /// The instant from which it counts nothing and remembers no block.
+    pub(super) fn expires_at(&self, window: &Window) -> Millis {
+        self.state.expires_at(window).max(self.block.forget_at)
+    }
+}
+
 impl Shard {
     /// Puts back the state of the counter at `index` (where it was taken
     /// from); when it was counted or refunded, also what it now weighs and,
@@ -41,7 +51,7 @@ impl Shard {
         &mut self,
         index: usize,
         key: &CounterKey,
-        state: State,
+        (state, block): (State, Block),
         refunded_or_counted: bool,
         requests: Option<u64>,
     ) {
@@ -49,6 +59,7 @@ impl Shard {
             return;
         };
         counter.state = state;
+        counter.block = block;
         if let Some(requests) = requests {
             counter.requests = requests;
         }
@@ -59,13 +70,13 @@ impl Shard {
         }
     }
 
-    /// Adds a counter that was not there and has now been counted, after
-    /// making room when the shard holds its share of counters (never
-    /// evicting one of `batch`).
+    /// Adds a counter that was not there and has now been counted or
+    /// blocked, after making room when the shard holds its share of counters
+    /// (never evicting one of `batch`).
     pub(super) fn insert(
         &mut self,
         key: &CounterKey,
-        state: State,
+        (state, block): (State, Block),
         requests: u64,
         batch: &[(CounterKey, usize)],
         now: Millis,
@@ -80,6 +91,7 @@ impl Shard {
             key.clone(),
             Counter {
                 state,
+                block,
                 requests,
                 bytes,
             },
@@ -111,9 +123,13 @@ impl Shard {
             if batch.iter().any(|(k, _)| k == key) {
                 continue;
             }
-            let expires = counter.state.expires_at(&key.window);
+            let expires = counter.expires_at(&key.window);
             let share = if expires <= now {
                 0.0
+            } else if counter.block.blocked_for(now) > 0 {
+                // Forgetting a block would admit what it refuses: kept
+                // before any counter that is not full.
+                f64::MAX
             } else {
                 let spec = LimitSpec {
                     requests: counter.requests,

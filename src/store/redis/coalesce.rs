@@ -69,9 +69,10 @@ pub(super) struct Request {
 
 /// The one limit of `item`, the one item of its request, when the request
 /// can share a call; `None` when it cannot: more than one limit, a role
-/// other than enforcing, a weight counted even when refused, a refund, or
-/// an algorithm whose hits are not one number (a sliding log keeps each
-/// request's time; a concurrency lease is released one by one).
+/// other than enforcing, a weight counted even when refused, a refund, a
+/// penalty box, or an algorithm whose hits are not one number (a sliding
+/// log keeps each request's time; a concurrency lease is released one by
+/// one).
 pub(super) fn shared_limit(item: &BatchItem) -> Option<LimitSpec> {
     let [limit] = item.limits[..] else {
         return None;
@@ -79,6 +80,8 @@ pub(super) fn shared_limit(item: &BatchItem) -> Option<LimitSpec> {
     let shareable = item.role == Role::Enforce
         && item.counting == Counting::Admitted
         && !item.refund
+        // A penalty box's block is decided by the whole script (driver.lua).
+        && limit.penalty.is_none()
         && matches!(
             limit.window.algorithm,
             Algorithm::SlidingWindow { .. }

@@ -67,6 +67,9 @@ pub(super) struct Answer {
     pub(super) before: u64,
     pub(super) pending: u64,
     pub(super) over: bool,
+    /// Whether its counter is in the limit's penalty box (the script's
+    /// `over` is 2): reset and full are then the block's remaining time.
+    pub(super) blocked: bool,
     /// Until headroom grows, before this request was counted.
     pub(super) reset_before: u64,
     /// The same after it was counted (equal when nothing was counted).
@@ -95,6 +98,7 @@ impl Answer {
                 item.hits,
             ),
             over: self.over,
+            blocked: self.blocked,
             reset_ms: if after {
                 self.reset_after
             } else {
@@ -118,7 +122,8 @@ pub(super) fn answers(reply: &[i64], whole: bool) -> impl Iterator<Item = Answer
     reply[1..].chunks(answer_len(whole)).map(move |v| Answer {
         before: count(v[0]),
         pending: count(v[1]),
-        over: v[2] == 1,
+        over: v[2] >= 1,
+        blocked: v[2] == 2,
         reset_before: count(v[reset_before]),
         reset_after: count(v[3]),
         full_before: count(v[full_before]),
@@ -141,14 +146,30 @@ pub(super) fn push_head(cmd: &mut Cmd, now: Option<i64>, whole: &str) {
 pub(super) const ITEM_ARGS: usize = 3;
 
 /// decide.lua's arguments for one item: role, hits, number of limits, and
-/// each limit's.
+/// each limit's. When one of its limits has a penalty box, the number is
+/// negative and each limit's arguments are followed by its penalty's (see
+/// `penalty_args`).
 pub(super) fn push_item(cmd: &mut Cmd, item: &BatchItem, now: Millis) {
+    let boxed = item.limits.iter().any(|limit| limit.penalty.is_some());
+    let count = item.limits.len() as i64;
     cmd.arg(role_code(item))
         .arg(hits(item.hits))
-        .arg(item.limits.len());
+        .arg(if boxed { -count } else { count });
     for limit in &item.limits {
         cmd.arg(&limit_args(limit, now)[..]);
+        if boxed {
+            cmd.arg(&penalty_args(limit)[..]);
+        }
     }
+}
+
+/// `block_ms, escalate, max_block_ms, forget_after_ms` of a limit's penalty
+/// box, as decide.lua takes them after the limit's own arguments; all 0
+/// for a limit without one.
+pub(super) fn penalty_args(limit: &LimitSpec) -> [i64; 4] {
+    limit.penalty.map_or([0; 4], |p| {
+        [p.block_ms, p.escalate, p.max_block_ms, p.forget_after_ms].map(hits)
+    })
 }
 
 /// refund.lua's arguments for one item: number of limits, then per limit
@@ -296,6 +317,7 @@ pub(super) fn runs<'a>(
                     before: count(run[0]),
                     pending: 0,
                     over: false,
+                    blocked: false,
                     reset_before: reset,
                     reset_after: reset,
                     full_before: full,

@@ -11,6 +11,36 @@ the loops over them, which cost more than the limit's own arithmetic
 window). Admission and the writes are one code for both paths.
 ]]
 
+-- An offence of limit l on its counter's block b (Rust's Block::offend):
+-- the streak goes on unless forgotten, the block starts now, its fields are
+-- written, and the HASH lives until the streak is forgotten. Penalty
+-- arguments are bounded by the rules (a year, a factor of 1,000), so every
+-- product is an exact double.
+local offend = uses_penalty and function(b, l)
+  local p, count = l[L_PENALTY], 1
+  if now < b[B_FORGET] then
+    count = b[B_COUNT] + 1
+  end
+  local block, escalate, most = ARGV[p] + 0, ARGV[p + 1] + 0, ARGV[p + 2] + 0
+  if escalate > 1 then
+    for _ = 2, count do
+      if block >= most then
+        break
+      end
+      block = block * escalate
+    end
+  end
+  b[B_UNTIL], b[B_COUNT] = now + min(block, most), count
+  b[B_FORGET] = b[B_UNTIL] + ARGV[p + 3]
+  local k, f = b[B_STATE][S_KEY], b[B_STATE][S_PREFIX]
+  write(k, f .. 'pu', fmt('%d', b[B_UNTIL]))
+  write(k, f .. 'pc', fmt('%d', count))
+  write(k, f .. 'pf', fmt('%d', b[B_FORGET]))
+  if b[B_FORGET] > k[K_UNTIL] then
+    k[K_UNTIL] = b[B_FORGET]
+  end
+end
+
 -- The reply: applied, then per limit j at r + R_USED… (r = (j - 1) *
 -- width): used, pending, over, reset, full, slot ("after" values; see
 -- request.lua), and for a Cluster part reset_before and full_before. Every
@@ -33,7 +63,7 @@ if single then
   }
   local l = {
     [L_ITEM] = false, [L_STATE] = false, [L_REQUESTS] = ARGV[6] + 0, [L_DURATION] = ARGV[7] + 0,
-    [L_ARG] = 6,
+    [L_ARG] = 6, [L_PENALTY] = false, [L_BLOCK] = false,
   }
   local st = alg('new', only, l, alg('prefix', ARGV[7], ARGV[9]))
 
@@ -75,6 +105,24 @@ else
       st[S_FIRST] = j
     end
     l[L_STATE] = st
+    if l[L_PENALTY] then
+      -- The counter's block: one per state, its fields read with the key's.
+      local b
+      for i = 1, j - 1 do
+        b = limits[i][L_BLOCK]
+        if b and b[B_STATE] == st then
+          break
+        end
+        b = false
+      end
+      if not b then
+        local n = k[K_READS]
+        k[K_FIELDS + n], k[K_FIELDS + n + 1], k[K_FIELDS + n + 2] = f .. 'pu', f .. 'pc', f .. 'pf'
+        k[K_READS] = n + 3
+        b = { [B_STATE] = st, [B_AT] = n, [B_UNTIL] = 0, [B_COUNT] = 0, [B_FORGET] = 0 }
+      end
+      l[L_BLOCK] = b
+    end
   end
 
   -- Read: one HMGET per key; then every state takes its values and is
@@ -88,6 +136,12 @@ else
         local st = limits[j][L_STATE]
         if st[S_FIRST] == j and st[S_KEY] == k then
           st[S_USED] = st[S_ALG]('load', st, nil, v)
+        end
+        local b = uses_penalty and limits[j][L_BLOCK]
+        if b and st[S_KEY] == k then
+          local at = b[B_AT]
+          b[B_UNTIL], b[B_COUNT] = (v[at + 1] or 0) + 0, (v[at + 2] or 0) + 0
+          b[B_FORGET] = (v[at + 3] or 0) + 0
         end
       end
     end
@@ -113,9 +167,13 @@ else
         over = not st[S_ALG]('fits', st, l, hits)
       end
       st[S_PENDING] = hits
+      local b = l[L_BLOCK]
+      if b and b[B_UNTIL] > now then
+        over = 2 -- blocked: over whatever the weight
+      end
       item[I_OVER] = item[I_OVER] or over
     end
-    reply[r + R_OVER] = over and 1 or 0
+    reply[r + R_OVER] = over == 2 and 2 or over and 1 or 0
   end
 end
 
@@ -193,7 +251,7 @@ else
         local slot, hits, r = -1, item[I_HITS], (j - 1) * width
         if item[I_ROLE] == '3' then
           reply[r + R_USED], reply[r + R_PENDING] = st[S_ALG]('give', st, l, hits), 0
-        elseif hits > 0 and (applied or item[I_ROLE] >= '4') then
+        elseif hits > 0 and (applied or item[I_ROLE] >= '4') and reply[r + R_OVER] ~= 2 then
           local until_ms
           slot, until_ms = st[S_ALG]('add', st, l, hits)
           if until_ms > st[S_KEY][K_UNTIL] then
@@ -202,6 +260,19 @@ else
         end
         reply[r + R_RESET], reply[r + R_FULL] = st[S_ALG]('report', st, l)
         reply[r + R_SLOT] = slot
+        local b = l[L_BLOCK]
+        if b and item[I_ROLE] ~= '3' and reply[r + R_OVER] > 0 then
+          if reply[r + R_OVER] == 1 then
+            offend(b, l)
+            reply[r + R_OVER] = 2
+          end
+          -- Reported before and after: a refund never lifts a block.
+          local left = b[B_UNTIL] - now
+          reply[r + R_RESET], reply[r + R_FULL] = left, left
+          if not whole then
+            reply[r + R_RESET_BEFORE], reply[r + R_FULL_BEFORE] = left, left
+          end
+        end
       end
     end
     -- "Before" values matter only for a Cluster part that may be refunded (it

@@ -95,6 +95,18 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
   L_REQUESTS  its requests
   L_DURATION  its duration (ms)
   L_ARG       where it starts in ARGV (its requests)
+  L_PENALTY   where its penalty box's arguments start in ARGV, or false
+  L_BLOCK     its counter's block record (a limit with a penalty box), or
+              false
+]]
+
+--[[ layout block: one per state counted by a limit with a penalty box: the
+  fields "<prefix>pu", "pc", "pf" of its key (Rust's limiter::Block)
+  B_STATE     the state
+  B_AT        how many names of the key's HMGET come before its own
+  B_UNTIL     blocked before this time (ms)
+  B_COUNT     offences of the streak
+  B_FORGET    the streak is forgotten from this time (ms)
 ]]
 
 --[[ layout state: one per distinct key and field prefix; each algorithm's

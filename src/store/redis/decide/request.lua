@@ -25,6 +25,10 @@ limit: requests, duration_ms, algorithm, param:
   4 calendar        duration_ms = the period's length (E - S), param = its
                     start S: the calendar period containing the caller's
                     now (see calendar_window.lua)
+An item with a limit that has a penalty box gives its number of limits
+negated, and each of its limits four more arguments after its own: block,
+escalate, max_block, forget_after (ms; all 0 for a limit without one; see
+the driver's blocks). Such an item never takes the single path.
 A whole call of one enforcing item (role 0) with one limit may carry more
 requests of that key and limit, coalesced by the caller (see
 src/store/redis/coalesce.rs): after the limit, one weight per request.
@@ -37,7 +41,10 @@ Reply: { applied (1|0), then per limit:
   used     how much of the limit is in use before this request (after it,
            for a refund, whose pending is then 0)
   pending  hits of earlier limits of this request on the same counter
-  over     1 if this limit's hits (with the pending ones) do not fit
+  over     1 if this limit's hits (with the pending ones) do not fit; 2 if
+           its counter is in the limit's penalty box (blocked before the
+           request, or by it), reset and full then being the block's
+           remaining time
   reset    ms until headroom next grows, after this request
   full     ms from now during which no hit at all can fit (0 if one can),
            after this request: what a local cache may answer without
@@ -80,6 +87,7 @@ local single = #KEYS == 1 and ARGV[5] == '1'
 -- driver.
 local items, limits, nl, a = false, false, 0, 3
 local uses_sliding, uses_fixed, uses_bucket, uses_log, uses_calendar = false, false, false, false, false
+local uses_penalty = false
 if single then
   local alg = ARGV[8]
   uses_sliding, uses_fixed, uses_bucket, uses_calendar = alg == '0', alg == '1', alg == '2', alg == '4'
@@ -105,8 +113,11 @@ else
     -- The role code is one digit, compared as a string: 0 enforce, 1 shadow,
     -- 2 quota, 3 refund, plus 4 when counted always.
     items[i] = { [I_KEY] = k, [I_ROLE] = ARGV[a], [I_HITS] = ARGV[a + 1] + 0, [I_OVER] = false }
-    local count = ARGV[a + 2] + 0
+    local count, width = ARGV[a + 2] + 0, 4
     a = a + 3
+    if count < 0 then
+      count, width, uses_penalty = -count, 8, true
+    end
     for _ = 1, count do
       local alg = ARGV[a + 2]
       if alg == '0' then
@@ -124,8 +135,9 @@ else
       limits[nl] = {
         [L_ITEM] = items[i], [L_STATE] = false, [L_REQUESTS] = ARGV[a] + 0,
         [L_DURATION] = ARGV[a + 1] + 0, [L_ARG] = a,
+        [L_PENALTY] = width == 8 and ARGV[a + 4] ~= '0' and a + 4, [L_BLOCK] = false,
       }
-      a = a + 4
+      a = a + width
     end
   end
 end
