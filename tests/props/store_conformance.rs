@@ -1123,7 +1123,25 @@ mod equivalence {
             log(2, 300),
             concurrency(2, 400),
             calendar(4, Period::Day, "Europe/Paris"),
+            // Penalty boxes, one on the counter of fixed(5, 500) above.
+            boxed(fixed(2, 500)),
+            boxed(sliding(3, 600, 100)),
+            boxed(bucket(2, 700, 2)),
         ]
+    }
+
+    /// A second's block, doubled up to four, forgotten three seconds after.
+    fn boxed(limit: LimitSpec) -> LimitSpec {
+        let penalty = sluice::limiter::Penalty {
+            block_ms: 1_000,
+            escalate: 2,
+            max_block_ms: 4_000,
+            forget_after_ms: 3_000,
+        };
+        LimitSpec {
+            penalty: Some(penalty),
+            ..limit
+        }
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -1131,7 +1149,7 @@ mod equivalence {
             prop_oneof![6 => Just(Role::Enforce), 1 => Just(Role::Shadow), 1 => Just(Role::Quota)];
         let one = (
             0..4usize,
-            prop::collection::vec(0..10usize, 1..=3),
+            prop::collection::vec(0..13usize, 1..=3),
             0..=4u64,
             role,
             prop_oneof![5 => Just(0u8), 2 => Just(1u8), 2 => Just(2u8)],
