@@ -201,6 +201,15 @@ impl OverLimitCache {
         }
     }
 
+    /// Forgets what it knows of `identity`'s counter for `limit` (its
+    /// counters were reset: the store answers next).
+    pub fn forget(&self, identity: &Identity, limit: &LimitSpec) {
+        let key = (identity.clone(), *limit);
+        if self.shard(&key).lock().remove(&key).is_some() {
+            self.entries.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Entries held (expired ones included until touched).
     pub fn len(&self) -> usize {
         self.entries.load(Ordering::Relaxed)

@@ -28,7 +28,7 @@ use sluice::decision::Limiter;
 use sluice::headers::HeaderMode;
 use sluice::limiter::ManualClock;
 use sluice::server::ServeExtras;
-use sluice::store::{MemoryStore, MemoryStoreConfig};
+use sluice::store::{CounterStore, MemoryStore, MemoryStoreConfig, TimeSource};
 use support::envoy::Envoy;
 use support::eventually::{eventually, eventually_async};
 use support::{Server, T0};
@@ -125,6 +125,7 @@ fn readme_snippet(name: &str) -> String {
 /// - `/hold`: waits until the gate opens, then 200;
 /// - `/echo`: 200 whose body is the request's head as it arrived (what
 ///   the application received from Envoy);
+/// - `/login/fail`: 401 with `x-failed: 1` (a failed login);
 /// - anything else: 200.
 struct App {
     addr: SocketAddr,
@@ -185,6 +186,8 @@ fn serve(mut conn: TcpStream, gate: &AtomicBool, held: &AtomicU64) {
             }
             held.fetch_sub(1, Ordering::SeqCst);
             "HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nheld".to_owned()
+        } else if path == "/login/fail" {
+            "HTTP/1.1 401 Unauthorized\r\nx-failed: 1\r\ncontent-length: 2\r\n\r\nno".to_owned()
         } else if path == "/echo" {
             format!(
                 "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{head}",
@@ -345,10 +348,10 @@ fn get(front: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
     get_from(front, 1, path, headers)
 }
 
-/// Sluice in process over a memory store on a manual clock.
-struct Sluice {
+/// Sluice in process over a store (memory unless told) on a manual clock.
+struct Sluice<S = MemoryStore> {
     server: Server,
-    limiter: Arc<Limiter<MemoryStore>>,
+    limiter: Arc<Limiter<S>>,
     clock: Arc<ManualClock>,
 }
 
@@ -378,6 +381,34 @@ impl Sluice {
         };
         let server =
             Server::start_with_extras(limiter.clone(), options, extras, clock.clone()).await;
+        Self {
+            server,
+            limiter,
+            clock,
+        }
+    }
+}
+
+impl<S: CounterStore> Sluice<S> {
+    /// Sluice over `store`, whose clock is `clock`, with the local
+    /// over-limit cache on (as the binary runs by default).
+    async fn on_store(rules_yaml: &str, store: S, clock: Arc<ManualClock>) -> Self {
+        let limiter = Arc::new(Limiter::with_options(
+            support::rules(rules_yaml),
+            store,
+            sluice::decision::LimiterOptions {
+                clock: clock.clone(),
+                local_cache: 10_000,
+                ..Default::default()
+            },
+        ));
+        let server = Server::start_with_extras(
+            limiter.clone(),
+            Default::default(),
+            ServeExtras::default(),
+            clock.clone(),
+        )
+        .await;
         Self {
             server,
             limiter,
@@ -895,6 +926,67 @@ async fn a_client_retrying_exactly_after_retry_after_is_admitted_for_every_algor
             answered += 1;
             s.wait_answered(answered);
             assert_eq!(retried.status, 200, "{plan} after {after} s: {retried:?}");
+        }
+        drop(envoy);
+    })
+    .await;
+}
+
+/// The manual's penalty box on a real Redis (the script on the manual
+/// clock): failures counted when the 401 reaches Envoy, the sixth in a
+/// minute blocks for 15 minutes, blocked requests are refused with the
+/// block's time as Retry-After and answered without a script call, waiting
+/// exactly Retry-After is enough, and the next offence doubles the block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_counted_on_the_response_block_and_escalate_without_calling_redis() {
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T0));
+    let timeout = Duration::from_secs(5);
+    let store = support::redis_store(&redis.url(), clock.clone(), TimeSource::Local, timeout).await;
+    let sluice = Sluice::on_store(&readme_snippet("penalty/rules"), store, clock).await;
+    let app = App::start();
+    let (config, front, admin) =
+        bootstrap(snippet_filters("penalty"), None, sluice.addr(), app.addr);
+    let envoy = Envoy::start(&config, front, admin);
+    let (sluice, port) = (Arc::new(sluice), redis.port());
+    let s = sluice.clone();
+    blocking(move || {
+        let mut answered = 0;
+        let mut expect = |user: &str, path: &str, status: u16, decisions: u64| {
+            let r = get(front, path, &[("x-user", user)]);
+            answered += decisions;
+            s.wait_answered(answered);
+            assert_eq!(r.status, status, "{user} {path}: {r:?}");
+            r
+        };
+        for (block, round) in [(900, "first"), (1_800, "second")] {
+            // Five failures fit: each a check, then a charge.
+            for _ in 0..5 {
+                expect("mallory", "/login/fail", 401, 2);
+            }
+            // A success charges nothing (no x-failed).
+            expect("mallory", "/login/ok", 200, 1);
+            // The sixth failure's check passes; its charge is the offence.
+            expect("mallory", "/login/fail", 401, 2);
+            let scripts = support::redis::command_calls(port, "evalsha");
+            for _ in 0..3 {
+                let r = expect("mallory", "/login/ok", 429, 1);
+                assert_eq!(
+                    r.header("retry-after"),
+                    Some(&*block.to_string()),
+                    "{round}"
+                );
+            }
+            assert_eq!(
+                support::redis::command_calls(port, "evalsha"),
+                scripts,
+                "{round} block: answered without calling Redis"
+            );
+            expect("alice", "/login/ok", 200, 1);
+            s.clock.advance(block * 1_000 - 1_000);
+            expect("mallory", "/login/ok", 429, 1);
+            s.clock.advance(1_000);
+            expect("mallory", "/login/ok", 200, 1);
         }
         drop(envoy);
     })

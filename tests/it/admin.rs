@@ -31,6 +31,11 @@ descriptors:
   - key: trial
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: login
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+      penalty: {block: 15m}
 "#;
 
 async fn memory_server(options: LimiterOptions) -> Server {
@@ -618,6 +623,45 @@ async fn json_peek_reads_the_counters_without_charging_them() {
     )
     .await;
     assert_eq!(status, 400, "{body}");
+    server.stop().await;
+}
+
+/// A blocked identity is answered from the local over-limit cache; the
+/// reset lifts the block in the store and in this replica's cache at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_counters_lifts_a_penalty_block_at_once() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+    let options = LimiterOptions {
+        local_cache: 100,
+        clock: clock.clone(),
+        ..Default::default()
+    };
+    let limiter = Arc::new(sluice::decision::Limiter::with_options(
+        rules(RULES),
+        store,
+        options,
+    ));
+    let extras = sluice::server::ServeExtras {
+        admin_counters: true,
+        ..Default::default()
+    };
+    let server = Server::start_with_extras(limiter, Default::default(), extras, clock).await;
+    let login = || json("admin", "login", "mallory");
+    for expected in [200, 200, 429, 429] {
+        let (status, body) = call(&server, "POST", "/json", login()).await;
+        assert_eq!(status, expected, "{body}");
+    }
+    let (_, metrics) = exchange(&server, "GET", "/metrics".into(), String::new()).await;
+    assert!(
+        metrics.contains("sluice_local_cache_hits_total 1"),
+        "the blocked request was answered from the cache"
+    );
+    let path = "/counters?domain=admin&descriptor=login=mallory";
+    let (status, body) = exchange(&server, "DELETE", path.into(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(&server, "POST", "/json", login()).await;
+    assert_eq!(status, 200, "unblocked at once: {body}");
     server.stop().await;
 }
 

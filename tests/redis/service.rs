@@ -34,6 +34,11 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_log}
   - key: calendar
     rate_limit: {unit: month, requests_per_unit: 5, calendar: Europe/Paris}
+  - key: penalty
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      penalty: {block: 15m, escalate: 2}
   - key: a_b
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: a
@@ -143,10 +148,12 @@ async fn admitted_of_200(addrs: &[String], key: &str, value: &str) -> usize {
 
 /// Two `sluice` binaries on `url` with one key prefix; for every algorithm
 /// (limit 5: `client` sliding window, `fixed`, `bucket` token bucket with a
-/// burst of 5, `log` sliding log, `calendar` a month in Paris), rounds of
-/// 200 concurrent calls must each admit exactly 5. The fixed window is a
-/// day and the bucket refills one token in 12 minutes, so no window edge or
-/// refill falls inside a round.
+/// burst of 5, `log` sliding log, `calendar` a month in Paris, `penalty` a
+/// sliding window with a penalty box), rounds of 200 concurrent calls must
+/// each admit exactly 5. The fixed window is a day and the bucket refills
+/// one token in 12 minutes, so no window edge or refill falls inside a
+/// round. The 195 refusals of a penalty box's round are one offence: the
+/// block is the first one, 15 minutes, not a doubled one.
 async fn two_replicas_admit_exactly_the_limit(url: &str) {
     let prefix = support::unique_prefix();
     let args = [
@@ -162,11 +169,30 @@ async fn two_replicas_admit_exactly_the_limit(url: &str) {
     let (_a, addr_a) = start_binary(&args);
     let (_b, addr_b) = start_binary(&args);
     let addrs = [addr_a, addr_b];
-    for key in ["client", "fixed", "bucket", "log", "calendar"] {
+    for key in ["client", "fixed", "bucket", "log", "calendar", "penalty"] {
         for round in 0..2 {
             let admitted = admitted_of_200(&addrs, key, &format!("hot-{round}")).await;
             assert_eq!(admitted, 5, "{key}, round {round}");
         }
+    }
+    for addr in &addrs {
+        let request = request_redis(&[&[("penalty", "hot-0")]]);
+        let answer = connect(addr)
+            .await
+            .should_rate_limit(request)
+            .await
+            .expect("answer")
+            .into_inner();
+        let status = &answer.statuses[0];
+        assert_eq!(status.code, Code::OverLimit as i32);
+        let left = status
+            .duration_until_reset
+            .expect("the block's time")
+            .seconds;
+        assert!(
+            (800..=900).contains(&left),
+            "one offence, a 15-minute block: {left} s"
+        );
     }
 }
 
