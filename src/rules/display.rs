@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use super::duration::duration_text;
 use super::{Domain, Limit, Rule, RuleSet};
 
 impl fmt::Display for RuleSet {
@@ -45,7 +46,7 @@ impl fmt::Display for Rule {
 }
 
 /// `requests_per_unit=N window=Nms unit=U algorithm=A [name=…] [replaces=…]
-/// [soft_ratio=R]`.
+/// [soft_ratio=R] [penalty block=D escalate=N max_block=D forget_after=D]`.
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let spec = &self.spec;
@@ -62,6 +63,16 @@ impl fmt::Display for Limit {
         }
         if let Some(ratio) = self.soft_ratio {
             write!(f, " soft_ratio={ratio}")?;
+        }
+        if let Some(penalty) = &spec.penalty {
+            write!(
+                f,
+                " penalty block={} escalate={} max_block={} forget_after={}",
+                duration_text(penalty.block_ms),
+                penalty.escalate,
+                duration_text(penalty.max_block_ms),
+                duration_text(penalty.forget_after_ms)
+            )?;
         }
         Ok(())
     }
