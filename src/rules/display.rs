@@ -6,6 +6,7 @@ use std::fmt;
 
 use super::duration::duration_text;
 use super::{Domain, Limit, Rule, RuleSet};
+use crate::limiter::Penalty;
 
 impl fmt::Display for RuleSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -65,15 +66,20 @@ impl fmt::Display for Limit {
             write!(f, " soft_ratio={ratio}")?;
         }
         if let Some(penalty) = &spec.penalty {
-            write!(
-                f,
-                " penalty block={} escalate={} max_block={} forget_after={}",
-                duration_text(penalty.block_ms),
-                penalty.escalate,
-                duration_text(penalty.max_block_ms),
-                duration_text(penalty.forget_after_ms)
-            )?;
+            write!(f, " penalty {}", penalty_text(penalty))?;
         }
         Ok(())
     }
+}
+
+/// A penalty box as `/rlconfig` and refusals show it, in the rules' words:
+/// `block=15m escalate=2 max_block=4h forget_after=1d`.
+pub fn penalty_text(penalty: &Penalty) -> String {
+    format!(
+        "block={} escalate={} max_block={} forget_after={}",
+        duration_text(penalty.block_ms),
+        penalty.escalate,
+        duration_text(penalty.max_block_ms),
+        duration_text(penalty.forget_after_ms)
+    )
 }
