@@ -70,6 +70,16 @@ impl Compiler<'_> {
         let Some(node) = node.filter(|node| !node.is_null()) else {
             return Some(None);
         };
+        if !matches!(node.kind, Kind::Map(_)) {
+            return self.fail(
+                node.line,
+                path,
+                format!(
+                    "'penalty' must be a map such as {{block: 15m, escalate: 2}}, found {}",
+                    node.shape()
+                ),
+            );
+        }
         let map = self.map(node, path, "a penalty", PENALTY_KEYS)?;
         let block = match map.get("block") {
             Some(node) => self.penalty_duration(node, path, "block"),

@@ -1,6 +1,7 @@
 //! `penalty:` on a rate limit: the values a good one loads with, its
-//! defaults, `/rlconfig`'s text, and every refusal with its file, line and
-//! key.
+//! defaults, `/rlconfig`'s text, and the refusals that need loops over
+//! values or the binary, with their file, line and key (the others are
+//! fixtures: `tests/fixtures/invalid-rules/penalty_*.yaml`).
 
 use sluice::limiter::Penalty;
 
@@ -109,112 +110,6 @@ fn a_block_as_long_as_the_window_loads_on_each_rate_algorithm() {
 }
 
 #[test]
-fn a_block_shorter_than_the_window_is_refused_at_the_block() {
-    for (algorithm, block, fragment) in [
-        (
-            "",
-            "1m",
-            "'penalty.block' (1m) is shorter than the limit's window (1m plus a 6s bucket): a block must outlast the window, so the counter has emptied when the block ends; use a block of at least 66s",
-        ),
-        (
-            "      algorithm: fixed_window\n",
-            "59s",
-            "use a block of at least 1m",
-        ),
-        (
-            "      algorithm: token_bucket\n",
-            "30s",
-            "use a block of at least 1m",
-        ),
-    ] {
-        let text = with_penalty(algorithm, &format!("        block: {block}\n"));
-        assert_only_error(&text, "block:", "d/login", fragment);
-    }
-}
-
-#[test]
-fn a_penalty_on_concurrency_or_a_calendar_period_is_refused() {
-    let concurrency = yaml(
-        r"
-        domain: d
-        descriptors:
-          - key: user
-            rate_limit:
-              algorithm: concurrency
-              requests_per_unit: 3
-              penalty: {block: 1h}
-        ",
-    );
-    assert_only_error(
-        &concurrency,
-        "penalty:",
-        "d/user",
-        "'penalty' cannot be set on algorithm concurrency: a penalty box punishes a rate's offenders, not a budget or in-flight slots",
-    );
-    let calendar = yaml(
-        r"
-        domain: d
-        descriptors:
-          - key: customer
-            rate_limit:
-              unit: day
-              requests_per_unit: 500
-              calendar: Europe/Paris
-              penalty:
-                block: 2d
-        ",
-    );
-    assert_only_error(
-        &calendar,
-        "penalty:",
-        "d/customer",
-        "'penalty' cannot be set on a calendar period ('calendar')",
-    );
-}
-
-#[test]
-fn a_penalty_with_unlimited_is_refused() {
-    let text = yaml(
-        r"
-        domain: d
-        descriptors:
-          - key: plan
-            rate_limit:
-              unlimited: true
-              penalty: {block: 15m}
-        ",
-    );
-    assert_only_error(
-        &text,
-        "penalty:",
-        "d/plan",
-        "'penalty' has no meaning when unlimited",
-    );
-}
-
-#[test]
-fn a_penalty_without_a_block_or_with_an_unknown_key_is_refused() {
-    assert_only_error(
-        &with_penalty("", "        escalate: 2\n"),
-        "penalty:",
-        "d/login",
-        "'penalty' needs 'block', the first block's length (e.g. block: 15m)",
-    );
-    assert_only_error(
-        &with_penalty("", "        block: 15m\n        blocks: 2\n"),
-        "blocks:",
-        "d/login",
-        "unknown key 'blocks' in a penalty (allowed: block, escalate, max_block, forget_after)",
-    );
-    assert_only_error(
-        &with_penalty("", "        - 15m\n"),
-        "- 15m",
-        "d/login",
-        "a penalty must be a map, found a list",
-    );
-}
-
-#[test]
 fn an_escalation_outside_1_to_1000_or_not_whole_is_refused() {
     for (value, found) in [
         ("0", "0"),
@@ -269,17 +164,6 @@ fn zero_negative_overlong_or_unitless_durations_are_refused_naming_their_key() {
         "      unit: minute\n      requests_per_unit: 5\n      penalty: {block: 366d, forget_after: 366d}\n",
     );
     assert_eq!(limit.spec.penalty.map(|p| p.block_ms), Some(366 * DAY));
-}
-
-#[test]
-fn a_longest_block_shorter_than_the_first_is_refused() {
-    let text = with_penalty("", "        block: 2h\n        max_block: 1h\n");
-    assert_only_error(
-        &text,
-        "max_block:",
-        "d/login",
-        "'penalty.max_block' (1h) is shorter than 'penalty.block' (2h): the longest block must be at least the first",
-    );
 }
 
 #[test]
