@@ -186,3 +186,51 @@ fn check_config_names_the_file_line_and_key_of_a_penalty_error() {
     );
     assert!(stderr.contains(&expected), "{stderr}");
 }
+
+/// The rules' penalty reaches the store: a limit of 2 a minute blocks its
+/// third request for 15 minutes, then (a second offence of the streak)
+/// for 30, and blocks only the identity it refused.
+#[tokio::test]
+async fn a_rules_penalty_blocks_through_the_service() {
+    use crate::support::{Harness, OK, OVER, descriptor};
+    use sluice::proto as pb;
+
+    let harness = Harness::new(&yaml(
+        r"
+        domain: auth
+        descriptors:
+          - key: login
+            rate_limit:
+              unit: minute
+              requests_per_unit: 2
+              algorithm: fixed_window
+              penalty: {block: 15m, escalate: 2, max_block: 1h}
+        ",
+    ));
+    let login = |user: &str| pb::RateLimitRequest {
+        domain: "auth".into(),
+        descriptors: vec![descriptor(&[("login", user)])],
+        hits_addend: 0,
+    };
+    let answer = |response: pb::RateLimitResponse| {
+        let status = &response.statuses[0];
+        let reset = status.duration_until_reset.expect("a reset");
+        (status.code, reset.seconds)
+    };
+    for _ in 0..2 {
+        assert_eq!(harness.ok(login("ann")).await.statuses[0].code, OK);
+    }
+    assert_eq!(answer(harness.ok(login("ann")).await), (OVER, 15 * 60));
+    harness.clock.advance(10 * MIN);
+    assert_eq!(
+        answer(harness.ok(login("ann")).await),
+        (OVER, 5 * 60),
+        "blocked, not escalated, while the block lasts"
+    );
+    assert_eq!(harness.ok(login("bob")).await.statuses[0].code, OK);
+    harness.clock.advance(5 * MIN);
+    for _ in 0..2 {
+        assert_eq!(harness.ok(login("ann")).await.statuses[0].code, OK);
+    }
+    assert_eq!(answer(harness.ok(login("ann")).await), (OVER, 30 * 60));
+}
