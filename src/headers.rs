@@ -191,6 +191,7 @@ mod tests {
                 window_ms,
                 name: name.map(Arc::from),
                 algorithm: "sliding_window",
+                penalty: None,
             }),
             remaining,
             reset_ms: Some(57_200),

@@ -9,7 +9,7 @@ use crate::limiter::{
     Algorithm, Counting, Identity, IdentityBuilder, LimitSpec, Role, SoftRatio, Window,
 };
 use crate::request::{Descriptor, Request};
-use crate::rules::{DEFAULT_BUCKETS, Domain, Limit, Rule};
+use crate::rules::{DEFAULT_BUCKETS, Domain, Limit, Rule, penalty_fits};
 use crate::store::{Batch, BatchItem, Override, OverrideSet};
 
 use super::DecideError;
@@ -228,6 +228,14 @@ fn match_descriptor<'r>(
 /// so its counter: only the number of requests changes, nothing already
 /// counted is forgotten. Otherwise it counts in the default sliding window
 /// of its unit, a counter of its own that starts empty.
+///
+/// The override keeps the rule's penalty box: the penalty of the limit
+/// whose counter it takes, else the first penalty among the rule's limits.
+/// A penalty's block must outlast the window (see
+/// [`crate::rules::shortest_block_ms`]), which the rule's checks ensured
+/// for the rule's windows only: in a window of its own the override keeps
+/// the penalty only when its block still outlasts that window, and has
+/// none otherwise (a block is never lengthened behind the rule's back).
 fn override_limit<'r>(
     rule: &'r Rule,
     o: &Override,
@@ -244,14 +252,23 @@ fn override_limit<'r>(
             spec: LimitSpec {
                 requests: o.requests_per_unit,
                 window: same.spec.window,
-                penalty: None,
+                penalty: same.spec.penalty,
             },
             unit,
             ..PlannedLimit::of_rule(same, defaults)
         },
         None => PlannedLimit {
             source: None,
-            spec: override_spec(u32::try_from(o.requests_per_unit).ok()?, unit).ok()?,
+            spec: {
+                let mut spec =
+                    override_spec(u32::try_from(o.requests_per_unit).ok()?, unit).ok()?;
+                spec.penalty = rule
+                    .limits
+                    .iter()
+                    .find_map(|l| l.spec.penalty)
+                    .filter(|penalty| penalty_fits(penalty, &spec.window));
+                spec
+            },
             unit,
             name: rule.limits.first().and_then(|l| l.name.as_ref()),
             replaces: &[],
@@ -284,4 +301,57 @@ fn override_spec(requests: u32, unit: Unit) -> Result<LimitSpec, DecideError> {
         },
         penalty: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::parse_domain;
+
+    fn rule_of(domain: &Domain) -> &Rule {
+        let entries = [crate::request::Entry::new("login", "ann")];
+        domain.find(&entries).expect("the rule matches").rule
+    }
+
+    fn set_to(requests_per_unit: u64, unit: &str) -> Override {
+        Override {
+            domain: "d".into(),
+            descriptor: Vec::new(),
+            requests_per_unit,
+            unit: unit.into(),
+            expires_at_ms: None,
+            set_by: "test".into(),
+            set_at_ms: 0,
+        }
+    }
+
+    /// The penalty of the limit an override of `unit` puts in place of
+    /// `limits` (a `rate_limits` list).
+    fn penalty_of(limits: &str, unit: &str) -> Option<u64> {
+        let text = format!("domain: d\ndescriptors:\n  - key: login\n    rate_limits: {limits}\n");
+        let domain = parse_domain("test.yaml", text.as_bytes()).expect("rules load");
+        override_limit(rule_of(&domain), &set_to(3, unit), Defaults::default())
+            .expect("the override applies")
+            .spec
+            .penalty
+            .map(|p| p.block_ms)
+    }
+
+    #[test]
+    fn an_override_keeps_the_penalty_of_the_limit_whose_counter_it_takes() {
+        let limits = "[{unit: second, requests_per_unit: 9}, \
+             {unit: minute, requests_per_unit: 5, algorithm: fixed_window, penalty: {block: 2m}}]";
+        assert_eq!(penalty_of(limits, "minute"), Some(120_000));
+        assert_eq!(penalty_of(limits, "second"), None, "that limit has none");
+    }
+
+    #[test]
+    fn in_a_window_of_its_own_an_override_keeps_a_penalty_only_if_the_block_outlasts_it() {
+        let limits = "[{unit: second, requests_per_unit: 9, penalty: {block: 15m}}]";
+        // A minute's sliding window ends within 66 s: the 15 minutes outlast it.
+        assert_eq!(penalty_of(limits, "minute"), Some(900_000));
+        // An hour's does not end within 15 minutes: no penalty rather than
+        // a block that ends while the counter still refuses.
+        assert_eq!(penalty_of(limits, "hour"), None);
+    }
 }

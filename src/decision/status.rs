@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use crate::limiter::Role;
 use crate::limiter::Unit;
+use crate::limiter::{Penalty, Role};
 use crate::rules::Annotations;
 use crate::store::LimitOutcome;
 
@@ -47,6 +47,9 @@ pub struct Reported {
     pub name: Option<Arc<str>>,
     /// How the limit counts (`sliding_window`, `token_bucket`, …).
     pub algorithm: &'static str,
+    /// The limit's penalty box, if any: a refusal names it, so that a
+    /// client blocked for 15 minutes by a limit of 5 a minute is explained.
+    pub penalty: Option<Penalty>,
 }
 
 impl Status {
@@ -119,6 +122,7 @@ impl Status {
                 window_ms: limit.spec.window.duration_ms,
                 name: limit.name.cloned(),
                 algorithm: limit.spec.window.algorithm.name(),
+                penalty: limit.spec.penalty,
             }),
             remaining: remaining(&chosen).min(limit.spec.requests),
             reset_ms: Some(reset_ms),

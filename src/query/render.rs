@@ -160,6 +160,14 @@ impl<'a> Refusal<'a> {
         parse_duration(&self.field("window")).ok().map(window_text)
     }
 
+    /// `, penalty block=…` when the refusing limit has a penalty box.
+    fn penalty(&self) -> String {
+        match self.0.fields.get("penalty").and_then(|v| v.kind.as_ref()) {
+            Some(Kind::StringValue(penalty)) => format!(", penalty {penalty}"),
+            _ => String::new(),
+        }
+    }
+
     /// The refusal as one line.
     fn line(&self) -> String {
         if self.is_store_error() {
@@ -170,11 +178,12 @@ impl<'a> Refusal<'a> {
             );
         }
         format!(
-            "refused by {} ({} per {}, {}) on [{}] {}; retry in {} s",
+            "refused by {} ({} per {}, {}{}) on [{}] {}; retry in {} s",
             self.field("limit"),
             self.field("requests_per_unit"),
             self.window().unwrap_or_else(|| self.field("window")),
             self.field("algorithm"),
+            self.penalty(),
             self.field("index"),
             self.field("descriptor"),
             self.field("retry_after_seconds")
@@ -457,6 +466,33 @@ mod tests {
         assert!(
             text.contains(
                 "refused by per-5m (20 per 5m, sliding_window) on [0] a=1; retry in 12 s"
+            ),
+            "{text}"
+        );
+        // A penalty box is named with the algorithm.
+        let response = pb::RateLimitResponse {
+            overall_code: Code::OverLimit as i32,
+            statuses: vec![limited(5, Unit::Minute, "login", true)],
+            dynamic_metadata: refused(&[
+                ("reason", Kind::StringValue("over_limit".into())),
+                ("index", Kind::NumberValue(0.0)),
+                ("limit", Kind::StringValue("login".into())),
+                ("requests_per_unit", Kind::NumberValue(5.0)),
+                ("window", Kind::StringValue("60s".into())),
+                ("algorithm", Kind::StringValue("sliding_window".into())),
+                (
+                    "penalty",
+                    Kind::StringValue("block=15m escalate=2 max_block=4h forget_after=1d".into()),
+                ),
+                ("descriptor", Kind::StringValue("user=ann".into())),
+                ("retry_after_seconds", Kind::NumberValue(900.0)),
+            ]),
+            ..Default::default()
+        };
+        let text = render(&args(&["user=ann"]), &response);
+        assert!(
+            text.contains(
+                "refused by login (5 per 1m, sliding_window, penalty block=15m escalate=2 max_block=4h forget_after=1d) on [0] user=ann; retry in 900 s"
             ),
             "{text}"
         );

@@ -5,11 +5,13 @@
 //! This file holds the entry points and the [`Compiler`]'s error list; its
 //! files hold the rest of the compiler, one part of the format each:
 //! `read.rs` (typed readers of YAML nodes), `tree.rs` (the domain and its
-//! descriptor tree), `limit.rs` (a descriptor's rule and its rate limits)
-//! and `algorithm.rs` (a limit's algorithm and its parameters).
+//! descriptor tree), `limit.rs` (a descriptor's rule and its rate limits),
+//! `algorithm.rs` (a limit's algorithm and its parameters) and `penalty.rs`
+//! (a limit's penalty box).
 
 mod algorithm;
 mod limit;
+mod penalty;
 mod read;
 mod tree;
 
@@ -19,6 +21,7 @@ use super::yaml::{self, Node as Yaml};
 use super::{ConfigError, Domain, RuleSet};
 
 pub use algorithm::{DEFAULT_BUCKETS, MAX_BUCKETS};
+pub use penalty::{DEFAULT_FORGET_AFTER_MS, DEFAULT_MAX_BLOCK_MS, penalty_fits, shortest_block_ms};
 
 /// Largest rules file read, in bytes. Far above any hand-written file (a
 /// descriptor takes a few lines), and small enough that a file dropped into

@@ -4,7 +4,9 @@
 
 use std::fmt;
 
+use super::duration::duration_text;
 use super::{Domain, Limit, Rule, RuleSet};
+use crate::limiter::Penalty;
 
 impl fmt::Display for RuleSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -45,7 +47,7 @@ impl fmt::Display for Rule {
 }
 
 /// `requests_per_unit=N window=Nms unit=U algorithm=A [name=…] [replaces=…]
-/// [soft_ratio=R]`.
+/// [soft_ratio=R] [penalty block=D escalate=N max_block=D forget_after=D]`.
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let spec = &self.spec;
@@ -63,6 +65,21 @@ impl fmt::Display for Limit {
         if let Some(ratio) = self.soft_ratio {
             write!(f, " soft_ratio={ratio}")?;
         }
+        if let Some(penalty) = &spec.penalty {
+            write!(f, " penalty {}", penalty_text(penalty))?;
+        }
         Ok(())
     }
+}
+
+/// A penalty box as `/rlconfig` and refusals show it, in the rules' words:
+/// `block=15m escalate=2 max_block=4h forget_after=1d`.
+pub fn penalty_text(penalty: &Penalty) -> String {
+    format!(
+        "block={} escalate={} max_block={} forget_after={}",
+        duration_text(penalty.block_ms),
+        penalty.escalate,
+        duration_text(penalty.max_block_ms),
+        duration_text(penalty.forget_after_ms)
+    )
 }

@@ -70,6 +70,18 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
     Ok(total)
 }
 
+/// A duration as rules files write one: the largest of `d`, `h`, `m`, `s`
+/// that divides it exactly (`1d`, `90m`, `66s`), else milliseconds.
+pub fn duration_text(ms: u64) -> String {
+    [(DAY, "d"), (HOUR, "h"), (MINUTE, "m"), (SECOND, "s")]
+        .iter()
+        .find(|(len, _)| ms >= *len && ms.is_multiple_of(*len))
+        .map_or_else(
+            || format!("{ms}ms"),
+            |(len, unit)| format!("{}{unit}", ms / len),
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +107,16 @@ mod tests {
         assert_eq!(parse_duration("3153600000000ms"), Ok(MAX_DURATION_MS));
         let err = parse_duration("3153600000001ms").unwrap_err();
         assert!(err.contains("at most 100 years"), "{err}");
+    }
+
+    #[test]
+    fn durations_are_written_in_their_largest_exact_unit() {
+        let written: Vec<_> = [DAY, 4 * HOUR, 90 * MINUTE, 66 * SECOND, 1_500, 0]
+            .into_iter()
+            .map(duration_text)
+            .collect();
+        assert_eq!(written, ["1d", "4h", "90m", "66s", "1500ms", "0ms"]);
+        assert_eq!(parse_duration(&duration_text(90 * MINUTE)), Ok(90 * MINUTE));
     }
 
     #[test]

@@ -21,9 +21,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use compile::{
-    DEFAULT_BUCKETS, MAX_BUCKETS, MAX_FILE_BYTES, MAX_PATH_BYTES, compile_trees, parse_domain,
+    DEFAULT_BUCKETS, DEFAULT_FORGET_AFTER_MS, DEFAULT_MAX_BLOCK_MS, MAX_BUCKETS, MAX_FILE_BYTES,
+    MAX_PATH_BYTES, compile_trees, parse_domain, penalty_fits, shortest_block_ms,
 };
-pub use duration::{parse_duration, parse_unit};
+pub use display::penalty_text;
+pub use duration::{duration_text, parse_duration, parse_unit};
 pub use load::load_paths;
 pub use stats_key::{detailed_stats_key, sanitize, stats_key};
 pub use wildcard::Pattern;

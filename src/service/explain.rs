@@ -3,7 +3,7 @@
 //! it as it is):
 //!
 //! - `refused`, on every refusal: which descriptor, and which limit (name,
-//!   window, algorithm) refused the request, so that Envoy's access logs and
+//!   window, algorithm, penalty box) refused the request, so that Envoy's access logs and
 //!   Lua filters can show it (`%DYNAMIC_METADATA(envoy.filters.http.ratelimit:refused:limit)%`);
 //! - with `response_dynamic_metadata`, what envoyproxy/ratelimit's
 //!   `RESPONSE_DYNAMIC_METADATA` puts there: `domain`, `descriptors`,
@@ -14,6 +14,7 @@ use serde_json::{Map, Value, json};
 
 use crate::decision::{Decision, Status};
 use crate::request::{Descriptor, Request};
+use crate::rules::penalty_text;
 
 /// The media type of [`problem_body`].
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -76,6 +77,9 @@ pub fn refused(request: &Request, decision: &Decision) -> Option<Value> {
             out.insert("requests_per_unit".into(), json!(limit.requests));
             out.insert("window".into(), json!(window_text(limit.window_ms)));
             out.insert("algorithm".into(), json!(limit.algorithm));
+            if let Some(penalty) = &limit.penalty {
+                out.insert("penalty".into(), json!(penalty_text(penalty)));
+            }
             out.insert("retry_after_seconds".into(), json!(retry_after(status)));
         }
         // Refused without a limit: the counter store failed and the
@@ -218,6 +222,50 @@ mod tests {
             Value::Object(into),
             json!({"a": {"x": 1, "y": 2}, "b": 1, "c": 3})
         );
+    }
+
+    #[test]
+    fn a_refusal_names_the_limits_penalty_box() {
+        use crate::decision::Reported;
+        use crate::limiter::{Penalty, Unit};
+        let request = Request {
+            domain: "auth".into(),
+            descriptors: vec![Descriptor {
+                entries: vec![crate::request::Entry::new("login", "ann")],
+                ..Descriptor::default()
+            }],
+            hits_addend: 0,
+        };
+        let refused_by = |penalty| Decision {
+            admitted: false,
+            statuses: vec![Status {
+                over_limit: true,
+                limit: Some(Reported {
+                    requests: 5,
+                    unit: Unit::Minute,
+                    window_ms: 60_000,
+                    name: Some("login".into()),
+                    algorithm: "sliding_window",
+                    penalty,
+                }),
+                reset_ms: Some(900_000),
+                ..Status::NO_LIMIT
+            }],
+        };
+        let penalty = Penalty {
+            block_ms: 900_000,
+            escalate: 2,
+            max_block_ms: 4 * 3_600_000,
+            forget_after_ms: 86_400_000,
+        };
+        let why = refused(&request, &refused_by(Some(penalty))).unwrap();
+        assert_eq!(
+            why["penalty"],
+            "block=15m escalate=2 max_block=4h forget_after=1d"
+        );
+        assert_eq!(why["retry_after_seconds"], 900);
+        let why = refused(&request, &refused_by(None)).unwrap();
+        assert!(why.get("penalty").is_none(), "{why}");
     }
 
     #[test]

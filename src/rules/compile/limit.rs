@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::Compiler;
+use super::penalty::key_line;
 use super::tree::Flags;
 use crate::limiter::calendar::Calendar;
 use crate::limiter::{Algorithm, LimitSpec, Role, SoftRatio, Unit, Window};
@@ -25,6 +26,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "lease",
     "calendar",
     "soft_ratio",
+    "penalty",
 ];
 
 /// How long a concurrency slot is held when no release comes: long enough
@@ -183,6 +185,13 @@ impl Compiler<'_> {
                     "'soft_ratio' has no meaning when unlimited: nothing is counted",
                 );
             }
+            if map.get("penalty").is_some_and(|node| !node.is_null()) {
+                return self.fail(
+                    key_line(node, "penalty"),
+                    path,
+                    "'penalty' has no meaning when unlimited: nothing is refused, so nobody offends; remove 'penalty' or 'unlimited'",
+                );
+            }
             return Some(Parsed::Unlimited);
         }
         // Each part is checked even when another is wrong, so that every error
@@ -194,17 +203,26 @@ impl Compiler<'_> {
         };
         let algorithm = self.algorithm(&map, path, window, requests);
         let soft_ratio = self.soft_ratio(map.get("soft_ratio").copied(), path);
-        let (duration_ms, reported) = window?;
-        let (requests, algorithm, name, replaces) = (requests?, algorithm?, name?, replaces?);
-        let soft_ratio = soft_ratio?;
+        let counted = window
+            .zip(algorithm)
+            .map(|((duration_ms, _), algorithm)| Window {
+                duration_ms,
+                algorithm,
+            });
+        let penalty = self.penalty(
+            map.get("penalty").copied(),
+            key_line(node, "penalty"),
+            path,
+            counted,
+        );
+        let (_, reported) = window?;
+        let (requests, window, name, replaces) = (requests?, counted?, name?, replaces?);
+        let (soft_ratio, penalty) = (soft_ratio?, penalty?);
         Some(Parsed::Limit(Limit {
             spec: LimitSpec {
                 requests,
-                window: Window {
-                    duration_ms,
-                    algorithm,
-                },
-                penalty: None,
+                window,
+                penalty,
             },
             unit: reported,
             name: name.map(Arc::from),

@@ -6,6 +6,7 @@ mod errors;
 mod limits;
 mod loading;
 mod matching;
+mod penalty;
 
 use std::fs;
 use std::os::unix::fs::symlink;
