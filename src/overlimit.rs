@@ -35,7 +35,9 @@
 //!
 //! A counter in its limit's penalty box (`LimitOutcome::blocked`) is over
 //! whatever the weight until the block ends, and nothing is counted on it:
-//! such an entry also answers items of weight 0 and always-counted debits,
+//! such an entry also answers items of weight 0 and always-counted debits
+//! (and it alone answers for a limit with a penalty box: a full counter's
+//! refusal there is an offence, which only the store records),
 //! and is trusted for [`MAX_BLOCK_TRUST_MS`] (a block is never taken back by
 //! a refund; only `DELETE /counters` lifts one early, which another replica
 //! then sees within that time).

@@ -10,8 +10,8 @@ use super::Limiter;
 impl<S> Limiter<S> {
     /// The store's per-limit outcomes for `batch`, known without calling
     /// it: only when every limit of the batch is a counter known full (for
-    /// an item of weight 0 or counted always: known blocked, see
-    /// `overlimit`), no item is a refund, and the roles make that a
+    /// an item of weight 0 or counted always, and for a limit with a penalty
+    /// box: known blocked, see `overlimit`), no item is a refund, and the roles make that a
     /// rejection (see `overlimit` for why the answer is then the store's).
     pub(super) fn answer_from_cache(
         &self,
@@ -34,8 +34,10 @@ impl<S> Limiter<S> {
             .map(|(item, limit)| {
                 // A full counter fits no hit, and counts nothing only when
                 // the item counts with admission; a blocked one refuses and
-                // counts nothing whatever the item.
-                let blocks_only = item.hits == 0 || item.stands();
+                // counts nothing whatever the item. A refusal by a limit
+                // with a penalty box that is not blocked yet is an offence,
+                // which only the store can record.
+                let blocks_only = item.hits == 0 || item.stands() || limit.penalty.is_some();
                 cache.outcome(&item.identity, limit, blocks_only, now)
             })
             .collect()

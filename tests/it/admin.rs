@@ -655,7 +655,7 @@ async fn deleting_the_counters_lifts_a_penalty_block_at_once() {
     let (_, metrics) = exchange(&server, "GET", "/metrics".into(), String::new()).await;
     assert!(
         metrics.contains("sluice_local_cache_hits_total 1"),
-        "the blocked request was answered from the cache"
+        "the blocked request was answered from the cache: {metrics}"
     );
     let path = "/counters?domain=admin&descriptor=login=mallory";
     let (status, body) = exchange(&server, "DELETE", path.into(), String::new()).await;

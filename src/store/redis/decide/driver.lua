@@ -63,7 +63,7 @@ if single then
   }
   local l = {
     [L_ITEM] = false, [L_STATE] = false, [L_REQUESTS] = ARGV[6] + 0, [L_DURATION] = ARGV[7] + 0,
-    [L_ARG] = 6, [L_PENALTY] = false, [L_BLOCK] = false,
+    [L_ARG] = 6,
   }
   local st = alg('new', only, l, alg('prefix', ARGV[7], ARGV[9]))
 

@@ -89,7 +89,8 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 ]]
 
 --[[ layout limit: one per limit of an item (the driver's single path makes
-  one with neither item nor state: only the driver reads those)
+  one with neither item nor state, and without the slots after L_ARG: only
+  the driver reads those, and no single-path item has a penalty box)
   L_ITEM      its item
   L_STATE     the state it is counted on
   L_REQUESTS  its requests
