@@ -469,7 +469,20 @@ mod tests {
             ),
             "{text}"
         );
-        // A penalty box is named with the algorithm.
+        // Nowhere: said so, not guessed.
+        let response = pb::RateLimitResponse {
+            statuses: vec![limited(20, Unit::Unknown, "", false)],
+            ..Default::default()
+        };
+        let text = render(&args(&["a=1"]), &response);
+        assert!(
+            text.contains("limit 20 per window (a length the answer does not give)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_names_its_limits_penalty_box_with_the_algorithm() {
         let response = pb::RateLimitResponse {
             overall_code: Code::OverLimit as i32,
             statuses: vec![limited(5, Unit::Minute, "login", true)],
@@ -494,16 +507,6 @@ mod tests {
             text.contains(
                 "refused by login (5 per 1m, sliding_window, penalty block=15m escalate=2 max_block=4h forget_after=1d) on [0] user=ann; retry in 900 s"
             ),
-            "{text}"
-        );
-        // Nowhere: said so, not guessed.
-        let response = pb::RateLimitResponse {
-            statuses: vec![limited(20, Unit::Unknown, "", false)],
-            ..Default::default()
-        };
-        let text = render(&args(&["a=1"]), &response);
-        assert!(
-            text.contains("limit 20 per window (a length the answer does not give)"),
             "{text}"
         );
     }

@@ -169,30 +169,7 @@ impl Compiler<'_> {
             .get("unit")
             .map(|u| (self.string(u, path, "unit"), u.line));
         if unlimited {
-            if let Some((Some(text), line)) = &unit
-                && !text.is_empty()
-            {
-                return self.fail(
-                    *line,
-                    path,
-                    "should not specify rate limit unit when unlimited",
-                );
-            }
-            if let Some(node) = map.get("soft_ratio").filter(|node| !node.is_null()) {
-                return self.fail(
-                    node.line,
-                    path,
-                    "'soft_ratio' has no meaning when unlimited: nothing is counted",
-                );
-            }
-            if map.get("penalty").is_some_and(|node| !node.is_null()) {
-                return self.fail(
-                    key_line(node, "penalty"),
-                    path,
-                    "'penalty' has no meaning when unlimited: nothing is refused, so nobody offends; remove 'penalty' or 'unlimited'",
-                );
-            }
-            return Some(Parsed::Unlimited);
+            return self.unlimited(node, &map, unit.as_ref(), path);
         }
         // Each part is checked even when another is wrong, so that every error
         // of the block is reported.
@@ -229,6 +206,41 @@ impl Compiler<'_> {
             replaces,
             soft_ratio,
         }))
+    }
+
+    /// An `unlimited: true` block, refused when it also says what only a
+    /// limit means: a unit, a `soft_ratio`, a `penalty`.
+    fn unlimited(
+        &mut self,
+        node: &Yaml,
+        map: &HashMap<&str, &Yaml>,
+        unit: Option<&(Option<String>, usize)>,
+        path: &str,
+    ) -> Option<Parsed> {
+        if let Some((Some(text), line)) = unit
+            && !text.is_empty()
+        {
+            return self.fail(
+                *line,
+                path,
+                "should not specify rate limit unit when unlimited",
+            );
+        }
+        if let Some(node) = map.get("soft_ratio").filter(|node| !node.is_null()) {
+            return self.fail(
+                node.line,
+                path,
+                "'soft_ratio' has no meaning when unlimited: nothing is counted",
+            );
+        }
+        if map.get("penalty").is_some_and(|node| !node.is_null()) {
+            return self.fail(
+                key_line(node, "penalty"),
+                path,
+                "'penalty' has no meaning when unlimited: nothing is refused, so nobody offends; remove 'penalty' or 'unlimited'",
+            );
+        }
+        Some(Parsed::Unlimited)
     }
 
     /// A limit's window in milliseconds, and the unit reported to Envoy: a

@@ -6,6 +6,8 @@
 //! ends, the counter has emptied, so the identity starts again from
 //! nothing rather than from a counter that still refuses it.
 
+use std::collections::HashMap;
+
 use super::Compiler;
 use crate::limiter::penalty::{MAX_BLOCK_MS, MAX_ESCALATE};
 use crate::limiter::unit::DAY;
@@ -81,6 +83,21 @@ impl Compiler<'_> {
             );
         }
         let map = self.map(node, path, "a penalty", PENALTY_KEYS)?;
+        let penalty = self.penalty_values(&map, line, path)?;
+        let window = window?;
+        let block_line = map.get("block").map_or(line, |node| node.line);
+        self.penalty_on(penalty, &window, (line, block_line), path)
+            .map(Some)
+    }
+
+    /// The values of a penalty's map, each checked (every error reported),
+    /// with their defaults.
+    fn penalty_values(
+        &mut self,
+        map: &HashMap<&str, &Yaml>,
+        line: usize,
+        path: &str,
+    ) -> Option<Penalty> {
         let block = match map.get("block") {
             Some(node) => self.penalty_duration(node, path, "block"),
             None => self.fail(
@@ -118,15 +135,24 @@ impl Compiler<'_> {
                 max => max,
             },
         };
-        let penalty = Penalty {
+        Some(Penalty {
             block_ms,
             escalate: escalate?,
             max_block_ms,
             forget_after_ms: forget_after_ms?,
-        };
-        let window = window?;
-        let block_line = map.get("block").map_or(line, |node| node.line);
-        match shortest_block_ms(&window) {
+        })
+    }
+
+    /// `penalty` if it may sit on a limit counted in `window`; refused (at
+    /// the `penalty` key's line or at its `block`'s) otherwise.
+    fn penalty_on(
+        &mut self,
+        penalty: Penalty,
+        window: &Window,
+        (line, block_line): (usize, usize),
+        path: &str,
+    ) -> Option<Penalty> {
+        match shortest_block_ms(window) {
             None => self.fail(
                 line,
                 path,
@@ -138,17 +164,17 @@ impl Compiler<'_> {
                     }
                 ),
             ),
-            Some(shortest) if block_ms < shortest => self.fail(
+            Some(shortest) if penalty.block_ms < shortest => self.fail(
                 block_line,
                 path,
                 format!(
                     "'penalty.block' ({}) is shorter than the limit's window ({}): a block must outlast the window, so the counter has emptied when the block ends; use a block of at least {}",
-                    duration_text(block_ms),
-                    window_words(&window),
+                    duration_text(penalty.block_ms),
+                    window_words(window),
                     duration_text(shortest)
                 ),
             ),
-            Some(_) => Some(Some(penalty)),
+            Some(_) => Some(penalty),
         }
     }
 
