@@ -110,6 +110,19 @@ impl Node {
             Kind::Map(_) => "a map",
         }
     }
+
+    /// What a refusal says it found here: a plain scalar as written, a
+    /// quoted one as `the string "…"`, else its shape.
+    pub fn found(&self) -> String {
+        match &self.kind {
+            Kind::Scalar {
+                text,
+                quoted: false,
+            } => text.clone(),
+            Kind::Scalar { text, .. } => format!("the string \"{text}\""),
+            _ => self.shape().to_owned(),
+        }
+    }
 }
 
 /// A YAML syntax error and where it is.

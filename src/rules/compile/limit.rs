@@ -299,17 +299,15 @@ impl Compiler<'_> {
         let Some(node) = node.filter(|node| !node.is_null()) else {
             return Some(None);
         };
-        let found = match &node.kind {
-            Kind::Scalar {
-                text,
-                quoted: false,
-            } => match text.parse::<f64>().map_err(|_| "").and_then(SoftRatio::new) {
-                Ok(ratio) => return Some(Some(ratio)),
-                Err(_) => text.clone(),
-            },
-            Kind::Scalar { text, .. } => format!("the string \"{text}\""),
-            _ => node.shape().to_owned(),
-        };
+        if let Kind::Scalar {
+            text,
+            quoted: false,
+        } = &node.kind
+            && let Ok(ratio) = text.parse::<f64>().map_err(|_| "").and_then(SoftRatio::new)
+        {
+            return Some(Some(ratio));
+        }
+        let found = node.found();
         self.fail(
             node.line,
             path,

@@ -222,14 +222,7 @@ impl Compiler<'_> {
         {
             return Some(n);
         }
-        let found = match &node.kind {
-            Kind::Scalar {
-                text,
-                quoted: false,
-            } => text.clone(),
-            Kind::Scalar { text, .. } => format!("the string \"{text}\""),
-            _ => node.shape().to_owned(),
-        };
+        let found = node.found();
         self.fail(
             node.line,
             path,
