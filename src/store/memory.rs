@@ -210,26 +210,18 @@ impl MemoryStore {
     pub fn apply_at(&self, batch: &Batch, now: Millis) -> BatchOutcome {
         let plan = Plan::new(self, batch);
         let mut locked = self.lock(&plan.counters);
-        let (found, mut states, mut blocks) = locked.take(&plan.counters);
+        let mut taken = locked.take(&plan.counters);
         let mut reports: Few<batch::Report> =
             smallvec![batch::Report::default(); plan.limits.len()];
         let admitted = batch::evaluate_into(
             &plan.items,
             &plan.limits,
-            &mut states,
-            &mut blocks,
+            &mut taken.states,
+            &mut taken.blocks,
             &mut reports,
             now,
         );
-        self.store(
-            &plan,
-            &mut locked,
-            &found,
-            &mut states,
-            &blocks,
-            &reports,
-            now,
-        );
+        self.store(&plan, &mut locked, taken, &reports, now);
         // Counting may have grown a sliding window or log past the shard's
         // share of the bytes: make room, keeping this request's counters.
         if batch.items.iter().any(|item| item.counted(admitted)) {
@@ -277,17 +269,19 @@ impl MemoryStore {
     /// (an offence), in the order they were first counted (making room first
     /// when their shard holds its share of counters). A counter that was not
     /// there and was only checked or refunded stays out.
-    #[allow(clippy::too_many_arguments)]
     fn store(
         &self,
         plan: &Plan,
         locked: &mut Locked<'_>,
-        found: &[Option<usize>],
-        states: &mut Few<State>,
-        blocks: &[Block],
+        taken: Taken,
         reports: &[batch::Report],
         now: Millis,
     ) {
+        let Taken {
+            found,
+            states,
+            blocks,
+        } = taken;
         // Per counter: whether refunded or counted, and the `requests` of the
         // limit it was last counted for (what eviction measures it against).
         let mut touched: Few<(bool, Option<u64>)> = smallvec![(false, None); states.len()];
@@ -302,7 +296,7 @@ impl MemoryStore {
             }
         }
         let mut fresh: Few<Option<State>> = Few::new();
-        for (c, state) in states.drain(..).enumerate() {
+        for (c, state) in states.into_iter().enumerate() {
             let (key, shard) = &plan.counters[c];
             match found[c] {
                 Some(index) => {
@@ -395,6 +389,14 @@ impl Plan {
     }
 }
 
+/// What [`Locked::take`] took out of the shards, per counter of a batch:
+/// where it was found (`None`: absent), its state and its block.
+struct Taken {
+    found: Few<Option<usize>>,
+    states: Few<State>,
+    blocks: Few<Block>,
+}
+
 /// The shards of one batch's counters, locked: one critical section.
 struct Locked<'a> {
     /// Shard indexes, ascending.
@@ -417,10 +419,7 @@ impl Locked<'_> {
     /// script's read), leaving a placeholder that nothing reads before it is
     /// put back (eviction never looks at the batch's counters); an absent
     /// counter reads as empty. Returns where each one was found.
-    fn take(
-        &mut self,
-        counters: &[(CounterKey, usize)],
-    ) -> (Few<Option<usize>>, Few<State>, Few<Block>) {
+    fn take(&mut self, counters: &[(CounterKey, usize)]) -> Taken {
         let mut found = Few::with_capacity(counters.len());
         let mut states = Few::with_capacity(counters.len());
         let mut blocks = Few::with_capacity(counters.len());
@@ -447,7 +446,11 @@ impl Locked<'_> {
             states.push(state);
             blocks.push(block);
         }
-        (found, states, blocks)
+        Taken {
+            found,
+            states,
+            blocks,
+        }
     }
 }
 
