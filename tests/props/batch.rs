@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use sluice::limiter::batch::{self, Evaluation, Item, Limit, Report};
-use sluice::limiter::{Algorithm, Block, Counting, LimitSpec, Role, State, Window};
+use sluice::limiter::{Algorithm, Block, Counting, LimitSpec, Penalty, Role, State, Window};
 
 // ---------------------------------------------------------------------------
 // Generators
@@ -99,6 +99,29 @@ fn flatten(items: &[(Item, Vec<(usize, u64)>)], windows: &[Window]) -> (Vec<Item
     (items.iter().map(|(item, _)| *item).collect(), limits)
 }
 
+/// Penalty boxes of blocks short enough that a few steps end them, forgotten
+/// soon enough that streaks start over.
+fn any_penalty() -> impl Strategy<Value = Penalty> {
+    (1u64..=2_000, 1u64..=4, 1u64..=10, 0u64..=3_000).prop_map(
+        |(block_ms, escalate, times, forget_after_ms)| Penalty {
+            block_ms,
+            escalate,
+            max_block_ms: block_ms * times,
+            forget_after_ms,
+        },
+    )
+}
+
+/// Gives each limit of an even `requests` its counter's penalty box, if it
+/// has one: a counter may then be counted by limits with and without one.
+fn boxed(limits: &mut [Limit], boxes: &[Option<Penalty>]) {
+    for limit in limits {
+        if limit.spec.requests % 2 == 0 {
+            limit.spec.penalty = boxes[limit.counter];
+        }
+    }
+}
+
 fn empty_states(windows: &[Window]) -> Vec<State> {
     windows
         .iter()
@@ -116,10 +139,25 @@ fn empty_states(windows: &[Window]) -> Vec<State> {
 // The naive model: the driver's steps, spelled out over a map of counters
 // ---------------------------------------------------------------------------
 
+/// A counter's penalty state in the naive model: blocked until, offences of
+/// the streak, forgotten from.
+type NaiveBlock = (u64, u64, u64);
+
+/// The block of the `offences`-th offence: `block × escalate^(offences − 1)`
+/// in wide arithmetic, at most `max_block`.
+fn naive_block_for(p: &Penalty, offences: u64) -> u64 {
+    let power = u32::try_from(offences - 1).unwrap_or(u32::MAX);
+    (p.escalate as u128)
+        .checked_pow(power)
+        .and_then(|f| f.checked_mul(p.block_ms as u128))
+        .map_or(p.max_block_ms, |b| b.min(p.max_block_ms as u128) as u64)
+}
+
 fn naive(
     items: &[Item],
     limits: &[Limit],
     states: &mut HashMap<usize, State>,
+    blocks: &mut HashMap<usize, NaiveBlock>,
     now: u64,
 ) -> Evaluation {
     // Pass 1: each limit sees the weight of the request's earlier limits on
@@ -133,15 +171,18 @@ fn naive(
             .expect("every counter has a state");
         let used = state.used(&limit.spec, now);
         let before = pending.get(&limit.counter).copied().unwrap_or(0);
+        let (until, _, _) = blocks.get(&limit.counter).copied().unwrap_or_default();
+        let blocked = !item.refund && limit.spec.penalty.is_some() && until > now;
         let mut over = false;
         if !item.refund {
-            over = !state.fits(&limit.spec, now, used, before + item.hits);
+            over = blocked || !state.fits(&limit.spec, now, used, before + item.hits);
             pending.insert(limit.counter, before + item.hits);
         }
         reports.push(Report {
             used,
             pending: before,
             over,
+            blocked,
             ..Report::default()
         });
     }
@@ -175,12 +216,30 @@ fn naive(
                 state.refund(&limit.spec, now, item.hits);
                 report.used = state.used(&limit.spec, now);
                 report.pending = 0;
-            } else if item.hits > 0 && (applied || item.counting == Counting::Always) {
+            } else if item.hits > 0
+                && (applied || item.counting == Counting::Always)
+                && !report.blocked
+            {
                 state.add(&limit.spec, now, item.hits);
                 report.counted = true;
             }
             report.reset_ms = state.reset_ms(&limit.spec, now);
             report.full_for_ms = state.full_for(&limit.spec, now);
+            let Some(p) = limit.spec.penalty.filter(|_| !item.refund) else {
+                continue;
+            };
+            let block = blocks.entry(limit.counter).or_default();
+            if report.over && !report.blocked {
+                // An offence: the streak goes on unless forgotten.
+                let offences = if now < block.2 { block.1 + 1 } else { 1 };
+                let until = now + naive_block_for(&p, offences);
+                *block = (until, offences, until + p.forget_after_ms);
+                report.blocked = true;
+            }
+            if report.blocked {
+                report.reset_ms = block.0 - now;
+                report.full_for_ms = block.0 - now;
+            }
         }
     }
     Evaluation {
@@ -245,23 +304,30 @@ proptest! {
     /// Any batch (roles, countings, refunds, counters named twice, limits of
     /// different sizes on one counter) decides, counts and reports what a
     /// naive model of the driver's steps does, and leaves the same states.
+    /// Penalty boxes on some counters too (see `boxed`): blocks, offences
+    /// and their reports as the model spells them out.
     #[test]
     fn a_batch_is_the_naive_model_of_the_drivers_steps(
         windows in prop::collection::vec(any_window(), COUNTERS),
+        boxes in prop::collection::vec(prop::option::weighted(0.5, any_penalty()), COUNTERS),
         steps in steps(any_item().boxed(), (0u64..=12).boxed()),
     ) {
         let mut states = empty_states(&windows);
+        let mut blocks = vec![Block::default(); states.len()];
         let mut model: HashMap<usize, State> = states.iter().cloned().enumerate().collect();
+        let mut model_blocks: HashMap<usize, NaiveBlock> = HashMap::new();
         let mut now = 0;
         for (delta, request) in steps {
             now += delta;
-            let (items, limits) = flatten(&request, &windows);
-            let mut blocks = vec![Block::default(); states.len()];
+            let (items, mut limits) = flatten(&request, &windows);
+            boxed(&mut limits, &boxes);
             let out = batch::evaluate(&items, &limits, &mut states, &mut blocks, now);
-            let expected = naive(&items, &limits, &mut model, now);
+            let expected = naive(&items, &limits, &mut model, &mut model_blocks, now);
             prop_assert_eq!(&out, &expected, "{:?} at {}", request, now);
             for (c, state) in states.iter().enumerate() {
                 prop_assert_eq!(state, &model[&c], "counter {} at {}", c, now);
+                let b = model_blocks.get(&c).copied().unwrap_or_default();
+                prop_assert_eq!((blocks[c].until, blocks[c].offences, blocks[c].forget_at), b, "block {} at {}", c, now);
             }
         }
     }
