@@ -227,7 +227,7 @@ settings! {
     trace_sampling_ratio: f64 = 1.0, flag f64, "RATIO";
     "service.name of the exported traces"
     service_name: String = "sluice".into(), flag String, "NAME";
-    "Counters known to be full are answered locally until they can take a hit again, without calling Redis; this many at most, 0 turns it off"
+    "Counters known to be full are answered locally until they can take a hit again (blocked ones of a penalty box until the block ends, asking again each minute), without calling Redis; this many at most, 0 turns it off"
     local_cache_size: usize = 100_000, flag usize, "N";
     "Most gRPC connections open at once; beyond it a new connection gets an HTTP/2 GOAWAY (REFUSED_STREAM) and is closed"
     grpc_max_connections: NonZeroU32 = nonzero(10_000), flag u32, "N";
