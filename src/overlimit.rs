@@ -203,12 +203,17 @@ impl OverLimitCache {
         }
     }
 
-    /// Forgets what it knows of `identity`'s counter for `limit` (its
-    /// counters were reset: the store answers next).
-    pub fn forget(&self, identity: &Identity, limit: &LimitSpec) {
-        let key = (identity.clone(), *limit);
-        if self.shard(&key).lock().remove(&key).is_some() {
-            self.entries.fetch_sub(1, Ordering::Relaxed);
+    /// Forgets what it knows of `identity`'s counters, whatever their limit
+    /// (a rule's, an override's, one a reload replaced): they were reset,
+    /// the store answers next. Looks through every shard; an admin
+    /// operation, not a request's.
+    pub fn forget(&self, identity: &Identity) {
+        for shard in &*self.shards {
+            let mut shard = shard.lock();
+            let held = shard.len();
+            shard.retain(|(id, _), _| id != identity);
+            self.entries
+                .fetch_sub(held - shard.len(), Ordering::Relaxed);
         }
     }
 
@@ -373,5 +378,22 @@ mod tests {
         assert_eq!(cache.outcome(&id("a"), &LIMIT, true, end), None);
         assert_eq!(cache.outcome(&id("b"), &LIMIT, true, 1_001), None);
         assert!(cache.outcome(&id("b"), &LIMIT, false, 1_001).is_some());
+    }
+
+    #[test]
+    fn forgetting_an_identity_forgets_it_under_every_limit_and_nobody_else() {
+        let cache = OverLimitCache::new(4 * SHARDS).unwrap();
+        let raised = LimitSpec {
+            requests: 2,
+            ..LIMIT
+        };
+        for (who, limit) in [("a", LIMIT), ("a", raised), ("b", LIMIT)] {
+            cache.learn(&id(who), &limit, &full(500, 500), 1_000);
+        }
+        cache.forget(&id("a"));
+        assert_eq!(cache.outcome(&id("a"), &LIMIT, false, 1_001), None);
+        assert_eq!(cache.outcome(&id("a"), &raised, false, 1_001), None);
+        assert!(cache.outcome(&id("b"), &LIMIT, false, 1_001).is_some());
+        assert_eq!(cache.len(), 1, "the count follows");
     }
 }

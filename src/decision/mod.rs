@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use crate::limiter::{Clock, Counting, Identity, LimitSpec, SoftRatio, SystemClock};
+use crate::limiter::{Clock, Counting, Identity, SoftRatio, SystemClock};
 use crate::overlimit::OverLimitCache;
 use crate::request::Request;
 use crate::rules::RuleSet;
@@ -222,12 +222,10 @@ impl<S: CounterStore> Limiter<S> {
     }
 
     /// Forgets what the local over-limit cache knows of `identity`'s
-    /// counters for `limits`, whose counters were just reset in the store.
-    pub fn forget_cached(&self, identity: &Identity, limits: &[LimitSpec]) {
+    /// counters, which were just reset in the store.
+    pub fn forget_cached(&self, identity: &Identity) {
         if let Some(cache) = &self.cache {
-            for limit in limits {
-                cache.forget(identity, limit);
-            }
+            cache.forget(identity);
         }
     }
 

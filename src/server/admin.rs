@@ -344,8 +344,7 @@ async fn counters_delete<S: CounterStore>(
     let windows: Vec<_> = found.rule.limits.iter().map(|l| l.spec.window).collect();
     match admin.limiter.store().reset(&found.identity, &windows).await {
         Ok(()) => {
-            let specs: Vec<_> = found.rule.limits.iter().map(|l| l.spec).collect();
-            admin.limiter.forget_cached(&found.identity, &specs);
+            admin.limiter.forget_cached(&found.identity);
             tracing::info!(domain = %request.domain, rule = %found.rule.path, "counters reset by the admin endpoint");
             axum::Json(serde_json::json!({
                 "domain": request.domain,
