@@ -258,16 +258,8 @@ fn the_binary_refuses_to_start_on_broken_rules() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.yaml");
     std::fs::write(&path, "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--rules",
-        ])
-        .arg(&path)
+    let path = path.display().to_string();
+    let out = support::serve_command(&["--rules", &path])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
