@@ -39,6 +39,18 @@ pub(crate) async fn open_store(
     timeout: Duration,
     pool_size: usize,
 ) -> Arc<RedisStore> {
+    let clock = Arc::new(ManualClock::new(support::T0));
+    open_store_on(url, prefix, timeout, pool_size, clock).await
+}
+
+/// [`open_store`] on the clock `clock`.
+pub(crate) async fn open_store_on(
+    url: &str,
+    prefix: &str,
+    timeout: Duration,
+    pool_size: usize,
+    clock: Arc<ManualClock>,
+) -> Arc<RedisStore> {
     let config = RedisStoreConfig {
         url: RedisUrl::new(url),
         per_second_url: None,
@@ -50,7 +62,6 @@ pub(crate) async fn open_store(
         breaker: None,
         coalesce: true,
     };
-    let clock = Arc::new(ManualClock::new(support::T0));
     Arc::new(
         RedisStore::connect(&config, clock, Duration::from_secs(10))
             .await

@@ -39,10 +39,12 @@ about 900 instructions; and less for Redis than a reply array).
 
 Cost: what depends only on a limit and now (its numbers, the prefix and
 names of its fields, the state's constants) is made once per limit, not per
-run: a run takes over the records of its limit's run before (an
-algorithm's 'load' sets every value of its state that depends on the key).
-A table's array part is sized when it is made (a slot past it costs a hash
-insert and a rehash: callgrind, see BENCHMARKS.md).
+run. A sliding window's usual run (the default's) takes the quick path,
+written in locals (see the loop at the end); any other run takes over the
+records of its limit's run before (an algorithm's 'load' sets every value
+of its state that depends on the key). A table's array part is sized when
+it is made (a slot past it costs a hash insert and a rehash: callgrind, see
+BENCHMARKS.md).
 ]]
 
 
@@ -52,9 +54,26 @@ local uses_fixed = algs:find('1', 1, true) ~= nil
 local uses_bucket = algs:find('2', 1, true) ~= nil
 -- @@ algorithms @@
 
--- The limits, by the number the runs name them with, and each one's
--- algorithm.
-local limits, alg_of, a = {}, {}, 4
+--[[ layout quick: what the runs of one sliding-window limit share on the
+  quick path (see the loop below), made once a call and taken into locals
+  in this order
+  Q_TOTAL       the name of its field "t"
+  Q_LOW         of "o"
+  Q_HIGH        of "n"
+  Q_OLDEST_NAME of the bucket at the window's start
+  Q_CUR_NAME    of the bucket of now
+  Q_CUR_TEXT    the bucket of now, formatted
+  Q_OLDEST      the bucket at the window's start
+  Q_CUR         the bucket of now
+  Q_DURATION    D
+  Q_PRECISION   P
+  Q_REQUESTS    the limit's requests
+  Q_INSIDE      the ms of bucket Q_OLDEST still inside the window
+]]
+
+-- The limits, by the number the runs name them with, each one's
+-- algorithm, and a sliding window's quick record.
+local limits, alg_of, quick, a = {}, {}, {}, 4
 for j = 1, ARGV[3] + 0 do
   local code = ARGV[a + 2]
   local l = {
@@ -63,6 +82,16 @@ for j = 1, ARGV[3] + 0 do
   }
   limits[j] = l
   alg_of[l] = code == '0' and sliding_window or code == '1' and fixed_window or token_bucket
+  if code == '0' then
+    local d, p, f = l[L_DURATION], ARGV[a + 3] + 0, sliding_window('prefix', ARGV[a + 1], ARGV[a + 3])
+    local oldest, cur = floor((now - d) / p), floor(now / p)
+    local sc = fmt('%d', cur)
+    quick[j] = {
+      [Q_TOTAL] = f .. 't', [Q_LOW] = f .. 'o', [Q_HIGH] = f .. 'n', [Q_OLDEST_NAME] = f .. fmt('%d', oldest),
+      [Q_CUR_NAME] = f .. sc, [Q_CUR_TEXT] = sc, [Q_OLDEST] = oldest, [Q_CUR] = cur, [Q_DURATION] = d,
+      [Q_PRECISION] = p, [Q_REQUESTS] = l[L_REQUESTS], [Q_INSIDE] = (oldest + 1) * p - (now - d),
+    }
+  end
   a = a + 4
 end
 local packed = ARGV[a]
@@ -72,8 +101,16 @@ local runs = { struct.unpack('<' .. string.rep('i8', #packed / 8), packed) }
 -- #packed / 8 + 2 * #KEYS values, its slots made at once.
 local size = #packed / 8 + 2 * #KEYS
 local reply, r, p = { unpack(KEYS, 1, size) }, 0, 1
-for i = 1, #KEYS do
-  local key, l, n = KEYS[i], limits[runs[p]], runs[p + 1]
+
+-- The quick path's locals: the quick record of the limit whose run came
+-- last (runs of one limit follow each other), and the HSET's arguments.
+local q_at, q_total, q_low, q_high, q_oldest_name, q_cur_name, q_cur_text, oldest, cur, d, prec, requests, inside
+local hset = { false, false, false, false, false, false, false, false, false, false }
+
+-- Any run the quick path leaves: the algorithm's function decides it, on
+-- records as decide.lua's single path makes them. `v` is the key's HMGET
+-- reply when the quick path has read it (the same names in the same order).
+local function general_run(key, l, p, n, r, v)
   local alg, before, k, st = alg_of[l], l[L_STATE], nil, nil
   -- Records as decide.lua's single path makes them (see prelude.lua: 16
   -- slots after K_FIELDS).
@@ -92,7 +129,7 @@ for i = 1, #KEYS do
     st = alg('new', k, l, alg('prefix', ARGV[l[L_ARG] + 1], ARGV[l[L_ARG] + 3]))
   end
   l[L_STATE] = st
-  local v = call('HMGET', key, unpack(k, K_FIELDS, K_FIELDS - 1 + k[K_READS]))
+  v = v or call('HMGET', key, unpack(k, K_FIELDS, K_FIELDS - 1 + k[K_READS]))
   k[K_STORED] = v[1]
   local loaded = alg('load', st, nil, v)
   local used = loaded or alg('used', st, l)
@@ -127,6 +164,117 @@ for i = 1, #KEYS do
     else
       call('PEXPIRE', key, fmt('%d', at - now))
     end
+  end
+end
+
+-- The quick path: a sliding window's usual run (no bucket has left the
+-- window since the counter's last write, the clock is not behind its
+-- newest bucket) decided in locals, without the key and state records,
+-- the algorithm's calls and the queue of writes, which cost a quarter of a
+-- batched decision's instructions (callgrind: see BENCHMARKS.md). It is
+-- sliding_window.lua's 'load', in_turn, 'add' and 'report', then the
+-- writes of general_run, operation for operation; tests/redis/batch_model.rs
+-- holds both paths to the memory store's answers.
+for i = 1, #KEYS do
+  local key, j, n = KEYS[i], runs[p], runs[p + 1]
+  local q, v = quick[j], nil
+  if q then
+    if q ~= q_at then
+      q_at = q
+      q_total, q_low, q_high, q_oldest_name, q_cur_name, q_cur_text, oldest, cur, d, prec, requests, inside =
+        unpack(q)
+    end
+    v = call('HMGET', key, 'x', q_total, q_low, q_high, q_oldest_name, q_cur_name)
+    local t, o, high = (v[2] or 0) + 0, v[3], v[4]
+    if t > 0 then
+      o, high = o + 0, high + 0
+    end
+    if t == 0 or o >= oldest and high <= cur then
+      local c_oldest, c_cur = v[5], v[6]
+      c_oldest, c_cur = c_oldest and c_oldest + 0, c_cur and c_cur + 0
+      -- 'load': what the window holds.
+      local used = t
+      if t > 0 and o == oldest and c_oldest and inside < prec then
+        used = t - c_oldest + ceil(c_oldest * inside / prec)
+      end
+      -- in_turn, then 'add' into the bucket of now.
+      local counted, at = 0, r + 4
+      for m = p + 2, p + 1 + n do
+        local h = runs[m]
+        at = at + 1
+        if used + counted + h <= requests then
+          counted = counted + h
+          reply[at] = 0
+        else
+          reply[at] = 1
+        end
+      end
+      local slot, until_ms, w = -1, 0, 0
+      local hits = counted > 0 and min(counted, MAX_HITS - t) or 0
+      if hits > 0 then
+        slot = cur
+        local c, total = (c_cur or 0) + hits, t + hits
+        if cur == oldest then
+          c_oldest = c -- P is not shorter than D: one bucket is both
+        end
+        local cs = fmt('%d', c)
+        hset[1], hset[2], hset[3], hset[4] = q_cur_name, cs, q_total, c == total and cs or fmt('%d', total)
+        w = 4
+        if t == 0 then
+          o = cur
+          hset[5], hset[6], hset[7], hset[8] = q_low, q_cur_text, q_high, q_cur_text
+          w = 8
+        elseif high ~= cur then
+          hset[5], hset[6] = q_high, q_cur_text
+          w = 6
+        end
+        if w > 4 then
+          until_ms = (cur + 1) * prec + d
+        end
+        t = total
+      end
+      -- 'report'.
+      local reset, full = 0, 0
+      if t == 0 then
+        reset = (cur + 1) * prec + d - now
+        if requests == 0 then
+          full = (floor(now / prec) + 1) * prec - now
+        end
+      else
+        reset = (o + 1) * prec + d - now
+        if requests == 0 then
+          full = reset
+        elseif o == oldest and c_oldest and inside < prec then
+          local others = t - c_oldest
+          if others >= requests then
+            full = inside
+          else
+            full = inside - min(idiv((requests - 1 - others) * prec, c_oldest), inside)
+          end
+        elseif t >= requests then
+          full = max(o * prec + d - now, 0)
+        end
+      end
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, reset, full, slot
+      -- The writes.
+      if until_ms > 0 and until_ms + 1000 > (v[1] or 0) + 0 then
+        local expires = until_ms + 1000 + floor((until_ms - now) / 2)
+        local xs = fmt('%d', expires)
+        hset[w + 1], hset[w + 2] = 'x', xs
+        call('HSET', key, unpack(hset, 1, w + 2))
+        if ARGV[1] == '' then
+          call('PEXPIREAT', key, xs)
+        else
+          call('PEXPIRE', key, fmt('%d', expires - now))
+        end
+      elseif w > 0 then
+        call('HSET', key, unpack(hset, 1, w))
+      end
+      v = nil
+    end
+  end
+  if v or not q then
+    general_run(key, limits[j], p, n, r, v)
   end
   r, p = r + 4 + n, p + 2 + n
 end

@@ -1,0 +1,199 @@
+//! batch.lua against the memory store, to the field: requests of many
+//! identities that share calls to a real `redis-server` are each told what
+//! the memory store tells them (used, over, reset, full), step by step while
+//! the clock moves on, steps back, and refunds empty buckets. The sliding
+//! window takes batch.lua's quick path for the usual run and the
+//! algorithm's general one when buckets have left its window or the clock
+//! is behind its newest bucket; the steps below reach both, and refunds
+//! that empty a counter. (The fixed window and token bucket, decided by the
+//! general path alone, are checked by `batching`; a clock stepping back
+//! across a fixed window's boundary is not something the two stores agree
+//! on to the field.)
+//!
+//! A step's requests are held while the call of a first request is in
+//! flight (Redis stopped), so that they share the next call; each names a
+//! different counter (identity and window: limits of one window count on
+//! one counter), so that its answer does not depend on the order the
+//! shared call lists them in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use sluice::limiter::{Algorithm, Clock, LimitSpec, ManualClock, Window};
+use sluice::store::{
+    Batch, BatchItem, BatchOutcome, Coalescing, CounterStore, MemoryStore, MemoryStoreConfig,
+    RedisStore,
+};
+
+use crate::coalescing::{open_store_on, wait_for};
+use crate::support;
+use support::redis::RedisServer;
+
+const DOMAIN: &str = "batch-model";
+
+fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm: Algorithm::SlidingWindow { precision_ms },
+        },
+        penalty: None,
+    }
+}
+
+/// The limits the requests choose from: sliding windows of ten buckets, of
+/// one bucket (precision = duration), of twelve, and of no requests at all
+/// (on the first one's counter).
+fn limits() -> [LimitSpec; 4] {
+    [
+        sliding(6, 1_000, 100),
+        sliding(3, 600, 600),
+        sliding(20, 3_000, 250),
+        sliding(0, 1_000, 100),
+    ]
+}
+
+/// A request: its identity, its limit (in [`limits`]) and its weight.
+type Request = (usize, usize, u64);
+
+#[derive(Clone, Debug)]
+struct Step {
+    /// How far the clock moves (ms): forward, or back when negative.
+    clock_ms: i64,
+    /// Refunds sent alone before the shared call.
+    refunds: Vec<Request>,
+    /// Requests sharing one call, one per counter (identity and window).
+    shared: Vec<Request>,
+}
+
+fn item(request: Request) -> BatchItem {
+    let (who, which, hits) = request;
+    support::enforcing(DOMAIN, &format!("id{who}"), limits()[which], hits)
+}
+
+fn batch(item: BatchItem) -> Batch {
+    Batch { items: vec![item] }
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let request = (0..4usize, 0..limits().len(), 0..=4u64);
+    let clock = prop_oneof![
+        3 => 0..200i64,
+        2 => 200..1_500i64,
+        1 => -800..0i64,
+    ];
+    (
+        clock,
+        prop::collection::vec(request.clone(), 0..=1),
+        prop::collection::vec(request, 1..=8),
+    )
+        .prop_map(|(clock_ms, refunds, mut shared)| {
+            // One request per counter: limits of one window share it.
+            let windows = limits().map(|l| l.window);
+            let mut seen = Vec::new();
+            shared.retain(|&(who, which, _)| {
+                let counter = (who, windows[which]);
+                let new = !seen.contains(&counter);
+                seen.push(counter);
+                new
+            });
+            Step {
+                clock_ms,
+                refunds,
+                shared,
+            }
+        })
+}
+
+/// What Redis answers `requests` when each waits for the call of
+/// `first`: they share the call that follows it.
+async fn shared_call(
+    redis: &RedisServer,
+    store: &Arc<RedisStore>,
+    first: BatchItem,
+    requests: &[Request],
+) -> (BatchOutcome, Vec<BatchOutcome>) {
+    let send = |item: BatchItem| {
+        let store = store.clone();
+        tokio::spawn(async move { store.apply(&batch(item)).await.expect("Redis answers") })
+    };
+    redis.pause();
+    let first = send(first);
+    let in_flight = Coalescing {
+        counters: 1,
+        waiting: 0,
+    };
+    wait_for(store, in_flight).await;
+    let sent: Vec<_> = requests.iter().map(|&r| send(item(r))).collect();
+    let queued = Coalescing {
+        counters: 1,
+        waiting: requests.len(),
+    };
+    wait_for(store, queued).await;
+    redis.resume();
+    let first = first.await.expect("no panic");
+    let mut answers = Vec::new();
+    for answer in sent {
+        answers.push(answer.await.expect("no panic"));
+    }
+    (first, answers)
+}
+
+fn run(steps: &[Step]) -> Result<(), TestCaseError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let redis = RedisServer::start();
+        let clock = Arc::new(ManualClock::new(support::T0 + 60_037));
+        let prefix = support::unique_prefix();
+        let timeout = Duration::from_secs(10);
+        let store = open_store_on(&redis.url(), &prefix, timeout, 1, clock.clone()).await;
+        let memory = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
+        let first = || support::enforcing(DOMAIN, "first", limits()[0], 1);
+        for (i, step) in steps.iter().enumerate() {
+            let now = clock.now().saturating_add_signed(step.clock_ms);
+            clock.set(now);
+            let at = format!("step {i} at t0+{}", now - support::T0);
+            for &refund in &step.refunds {
+                let refund = batch(BatchItem {
+                    refund: true,
+                    ..item(refund)
+                });
+                let expected = memory.apply(&refund).await.unwrap();
+                let actual = store.apply(&refund).await.unwrap();
+                prop_assert_eq!(actual, expected, "refund {:?}, {}", refund, at);
+            }
+            let calls = support::redis::command_calls(redis.port(), "evalsha");
+            let (actual_first, actual) = shared_call(&redis, &store, first(), &step.shared).await;
+            let calls = support::redis::command_calls(redis.port(), "evalsha") - calls;
+            prop_assert_eq!(
+                calls,
+                2,
+                "the first call and the one the others shared, {}",
+                at
+            );
+            prop_assert_eq!(actual_first, memory.apply(&batch(first())).await.unwrap());
+            for (&request, actual) in step.shared.iter().zip(actual) {
+                let expected = memory.apply(&batch(item(request))).await.unwrap();
+                prop_assert_eq!(actual, expected, "request {:?}, {}", request, at);
+            }
+        }
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn requests_sharing_calls_are_told_what_the_memory_store_tells(
+        steps in prop::collection::vec(step(), 1..30),
+    ) {
+        run(&steps)?;
+    }
+}
