@@ -714,6 +714,31 @@ mod cases {
         assert_eq!(used(s, "b", l).await, 0);
     }
 
+    /// A refund that empties the newest bucket leaves the bucket below it
+    /// the newest: a clock behind the emptied one (but past the one left)
+    /// adds to a bucket of its own, whose hits leave the window with it.
+    pub async fn a_clock_behind_a_refunded_bucket_adds_to_a_bucket_of_its_own<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = sliding(9, 1_000, 100);
+        c.set(T0 + 50);
+        apply(s, vec![item("r", &[l], 1, Enforce)]).await; // bucket 0
+        c.set(T0 + 250);
+        apply(s, vec![item("r", &[l], 2, Enforce)]).await; // bucket 2
+        apply(s, vec![refund("r", &[l], 2)]).await; // bucket 2 emptied
+        c.set(T0 + 150);
+        apply(s, vec![item("r", &[l], 3, Enforce)]).await; // bucket 1
+        c.set(T0 + 1_150);
+        assert_eq!(
+            used(s, "r", l).await,
+            2,
+            "bucket 0 has left, half of bucket 1's three hits (rounded up) is in"
+        );
+        c.set(T0 + 1_200);
+        assert_eq!(used(s, "r", l).await, 0, "bucket 1 has left");
+    }
+
     pub async fn a_long_idle_counter_is_forgotten<S: CounterStore>(s: &S, c: &ManualClock) {
         let l = sliding(3, 1_000, 1);
         for t in 0..3 {
@@ -1082,6 +1107,7 @@ suite!(
     weights_count_whole_and_report_headroom,
     every_limit_of_an_item_is_checked_and_counted,
     a_clock_stepping_back_adds_to_the_newest_bucket,
+    a_clock_behind_a_refunded_bucket_adds_to_a_bucket_of_its_own,
     a_long_idle_counter_is_forgotten,
     many_identities_one_of_them_full_counts_nothing,
     quota_items_in_different_slots_are_refunded_together,

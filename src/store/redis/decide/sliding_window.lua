@@ -198,7 +198,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     return st .. ':' .. l .. ':'
   elseif op == 'give' then
     -- The newest buckets first (see Rust's State::refund).
-    local k, f, b, hits = st[S_KEY], st[S_PREFIX], st[SW_HIGH], x
+    local k, f, b, hits, left = st[S_KEY], st[S_PREFIX], st[SW_HIGH], x, nil
     while hits > 0 and st[SW_TOTAL] > 0 and b and b >= st[SW_LOW] do
       local c = sliding_window('bucket', st, nil, b)
       if c and c > 0 then
@@ -208,10 +208,24 @@ sliding_window = uses_sliding and function(op, st, l, x)
         -- an earlier write of this request); an empty bucket counts nothing.
         sliding_window('put', st, c, b)
         write(k, f .. fmt('%d', b), fmt('%d', c))
+        left = c > 0 and b or nil
       end
       b = b - 1
     end
-    -- A total of 0 is an empty window whatever `o` and `n` say.
+    -- A total of 0 is an empty window whatever `o` and `n` say. Otherwise
+    -- `n` moves down to the newest bucket left with hits, as Rust drops
+    -- emptied buckets: a clock behind it then adds to that one.
+    if st[SW_TOTAL] > 0 and b and b < st[SW_HIGH] then
+      while not left and b >= st[SW_LOW] do
+        local c = sliding_window('bucket', st, nil, b)
+        left = c and c > 0 and b or nil
+        b = b - 1
+      end
+      if left and left < st[SW_HIGH] then
+        st[SW_HIGH] = left
+        write(k, f .. 'n', fmt('%d', left))
+      end
+    end
     write(k, f .. 't', fmt('%d', st[SW_TOTAL]))
     return sliding_window('count', st)
   elseif op == 'bucket' then
