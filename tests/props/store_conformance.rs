@@ -28,16 +28,7 @@ async fn redis_store(url: String, clock: Arc<ManualClock>) -> RedisStore {
     support::redis_store(&url, clock, TimeSource::Local, Duration::from_secs(5)).await
 }
 
-pub fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {
-    LimitSpec {
-        requests,
-        window: Window {
-            duration_ms,
-            algorithm: Algorithm::SlidingWindow { precision_ms },
-        },
-        penalty: None,
-    }
-}
+pub use support::sliding;
 
 pub fn fixed(requests: u64, duration_ms: u64) -> LimitSpec {
     LimitSpec {

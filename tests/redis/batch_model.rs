@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use sluice::limiter::{Algorithm, Clock, LimitSpec, ManualClock, Window};
+use sluice::limiter::{Clock, LimitSpec, ManualClock};
 use sluice::store::{
     Batch, BatchItem, BatchOutcome, Coalescing, CounterStore, MemoryStore, MemoryStoreConfig,
     RedisStore,
@@ -29,19 +29,9 @@ use sluice::store::{
 use crate::coalescing::{open_store_on, wait_for};
 use crate::support;
 use support::redis::RedisServer;
+use support::sliding;
 
 const DOMAIN: &str = "batch-model";
-
-fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {
-    LimitSpec {
-        requests,
-        window: Window {
-            duration_ms,
-            algorithm: Algorithm::SlidingWindow { precision_ms },
-        },
-        penalty: None,
-    }
-}
 
 /// The limits the requests choose from: sliding windows of ten buckets, of
 /// one bucket (precision = duration), of twelve, and of no requests at all

@@ -490,17 +490,21 @@ pub fn enforcing(domain: &str, name: &str, limit: LimitSpec, hits: u64) -> Batch
     }
 }
 
-pub fn per_minute(requests: u64) -> LimitSpec {
+/// A sliding window of `requests` per `duration_ms` in buckets of
+/// `precision_ms`.
+pub fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {
     LimitSpec {
         requests,
         window: Window {
-            duration_ms: 60_000,
-            algorithm: Algorithm::SlidingWindow {
-                precision_ms: 1_000,
-            },
+            duration_ms,
+            algorithm: Algorithm::SlidingWindow { precision_ms },
         },
         penalty: None,
     }
+}
+
+pub fn per_minute(requests: u64) -> LimitSpec {
+    sliding(requests, 60_000, 1_000)
 }
 
 /// A request built with Envoy's own published protos (`envoy-types`), so
