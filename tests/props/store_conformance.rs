@@ -730,6 +730,38 @@ mod cases {
         assert_eq!(used(s, "r", l).await, 0, "bucket 1 has left");
     }
 
+    /// A read in a later fixed window writes nothing (Redis writes nothing
+    /// on a read): a clock stepping back into the counted window finds its
+    /// hits.
+    pub async fn a_fixed_window_read_later_forgets_nothing_when_the_clock_steps_back<
+        S: CounterStore,
+    >(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = fixed(5, 500);
+        c.set(T0 + 100);
+        apply(s, vec![item("f", &[l], 2, Enforce)]).await;
+        c.set(T0 + 600);
+        assert_eq!(used(s, "f", l).await, 0, "a new window");
+        c.set(T0 + 200);
+        assert_eq!(used(s, "f", l).await, 2, "the first window again");
+    }
+
+    /// A refund to a full token bucket gives nothing back and changes
+    /// nothing: a clock stepping back afterwards finds no debt.
+    pub async fn a_refund_to_a_full_token_bucket_changes_nothing<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = bucket(5, 1_000, 3);
+        c.set(T0 + 500);
+        apply(s, vec![refund("tb", &[l], 1)]).await;
+        c.set(T0 + 372);
+        let o = apply(s, vec![item("tb", &[l], 0, Enforce)]).await;
+        assert_eq!((o.limits[0].used, o.limits[0].reset_ms), (0, 0));
+    }
+
     pub async fn a_long_idle_counter_is_forgotten<S: CounterStore>(s: &S, c: &ManualClock) {
         let l = sliding(3, 1_000, 1);
         for t in 0..3 {
@@ -1099,6 +1131,8 @@ suite!(
     every_limit_of_an_item_is_checked_and_counted,
     a_clock_stepping_back_adds_to_the_newest_bucket,
     a_clock_behind_a_refunded_bucket_adds_to_a_bucket_of_its_own,
+    a_fixed_window_read_later_forgets_nothing_when_the_clock_steps_back,
+    a_refund_to_a_full_token_bucket_changes_nothing,
     a_long_idle_counter_is_forgotten,
     many_identities_one_of_them_full_counts_nothing,
     quota_items_in_different_slots_are_refunded_together,

@@ -1,14 +1,12 @@
 //! batch.lua against the memory store, to the field: requests of many
 //! identities that share calls to a real `redis-server` are each told what
 //! the memory store tells them (used, over, reset, full), step by step while
-//! the clock moves on, steps back, and refunds empty buckets. The sliding
+//! the clock moves on, steps back, and refunds empty counters. The sliding
 //! window takes batch.lua's quick path for the usual run and the
 //! algorithm's general one when buckets have left its window or the clock
-//! is behind its newest bucket; the steps below reach both, and refunds
-//! that empty a counter. (The fixed window and token bucket, decided by the
-//! general path alone, are checked by `batching`; a clock stepping back
-//! across a fixed window's boundary is not something the two stores agree
-//! on to the field.)
+//! is behind its newest bucket; the steps below reach both. The fixed
+//! window and the token bucket, which share the calls, take the general
+//! path.
 //!
 //! A step's requests are held while the call of a first request is in
 //! flight (Redis stopped), so that they share the next call; each names a
@@ -20,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use sluice::limiter::{Clock, LimitSpec, ManualClock};
+use sluice::limiter::{Algorithm, Clock, LimitSpec, ManualClock, Window};
 use sluice::store::{
     Batch, BatchItem, BatchOutcome, Coalescing, CounterStore, MemoryStore, MemoryStoreConfig,
     RedisStore,
@@ -35,14 +33,27 @@ const DOMAIN: &str = "batch-model";
 
 /// The limits the requests choose from: sliding windows of ten buckets, of
 /// one bucket (precision = duration), of twelve, and of no requests at all
-/// (on the first one's counter).
-fn limits() -> [LimitSpec; 4] {
+/// (on the first one's counter); a fixed window and a token bucket.
+fn limits() -> [LimitSpec; 6] {
     [
         sliding(6, 1_000, 100),
         sliding(3, 600, 600),
         sliding(20, 3_000, 250),
         sliding(0, 1_000, 100),
+        other(5, 500, Algorithm::FixedWindow),
+        other(5, 1_000, Algorithm::TokenBucket { burst: 3 }),
     ]
+}
+
+fn other(requests: u64, duration_ms: u64, algorithm: Algorithm) -> LimitSpec {
+    LimitSpec {
+        requests,
+        window: Window {
+            duration_ms,
+            algorithm,
+        },
+        penalty: None,
+    }
 }
 
 /// A request: its identity, its limit (in [`limits`]) and its weight.

@@ -32,13 +32,10 @@ impl FixedWindow {
         }
     }
 
-    /// Hits counted in the window containing `now`.
-    pub fn used(&mut self, spec: &LimitSpec, now: Millis) -> u64 {
-        self.roll(spec, now);
-        self.hits
-    }
-
-    /// Hits counted in the window containing `now`, without changing state.
+    /// Hits counted in the window containing `now`. A read changes nothing:
+    /// a clock stepping back into the stored window after a read in a later
+    /// one still finds its hits, as the Redis script (which writes nothing
+    /// on a read) does.
     pub fn hits_now(&self, spec: &LimitSpec, now: Millis) -> u64 {
         if signed(now).div_euclid(duration(&spec.window)) == self.index {
             self.hits
@@ -97,10 +94,11 @@ mod tests {
     fn counts_reset_at_epoch_aligned_boundaries() {
         let mut w = FixedWindow::default();
         w.add(&MINUTE, 59_000, 5);
-        assert_eq!(w.used(&MINUTE, 59_999), 5);
+        assert_eq!(w.hits_now(&MINUTE, 59_999), 5);
         assert_eq!(w.reset_ms(&MINUTE, 59_000), 1_000);
-        assert_eq!(w.used(&MINUTE, 60_000), 0);
+        assert_eq!(w.hits_now(&MINUTE, 60_000), 0);
         assert_eq!(w.reset_ms(&MINUTE, 60_000), 60_000);
+        assert_eq!(w.hits_now(&MINUTE, 59_999), 5, "a read forgets nothing");
     }
 
     #[test]

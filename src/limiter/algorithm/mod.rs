@@ -144,7 +144,7 @@ impl State {
     pub fn used(&mut self, spec: &LimitSpec, now: Millis) -> u64 {
         match self {
             State::Sliding(s) => s.used(spec, now),
-            State::Fixed(s) => s.used(spec, now),
+            State::Fixed(s) => s.hits_now(spec, now),
             State::Calendar(s) => s.used(calendar(spec), now),
             State::Bucket(s) => s.used(spec, now),
             State::Log(s) => s.used(spec, now),

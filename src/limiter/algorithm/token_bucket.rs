@@ -97,6 +97,9 @@ impl TokenBucket {
             return;
         }
         let ahead = self.ahead(requests, now);
+        if ahead == 0 {
+            return; // a full bucket: nothing to give back, nothing changes
+        }
         let back = hits.saturating_mul(interval);
         if back >= ahead {
             (self.base_ms, self.ticks) = (now, 0);

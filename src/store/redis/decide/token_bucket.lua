@@ -103,6 +103,9 @@ token_bucket = uses_bucket and function(op, st, l, x)
       return token_bucket('used', st, l)
     end
     local a, back = token_bucket('ahead', st, l), x * d
+    if a == 0 then
+      return 0 -- a full bucket: nothing to give back, nothing written
+    end
     if back >= a then
       st[TB_ARRIVAL], st[TB_REST] = now, 0
     else
