@@ -28,29 +28,7 @@ async fn redis_store(url: String, clock: Arc<ManualClock>) -> RedisStore {
     support::redis_store(&url, clock, TimeSource::Local, Duration::from_secs(5)).await
 }
 
-pub use support::sliding;
-
-pub fn fixed(requests: u64, duration_ms: u64) -> LimitSpec {
-    LimitSpec {
-        requests,
-        window: Window {
-            duration_ms,
-            algorithm: Algorithm::FixedWindow,
-        },
-        penalty: None,
-    }
-}
-
-pub fn bucket(requests: u64, duration_ms: u64, burst: u64) -> LimitSpec {
-    LimitSpec {
-        requests,
-        window: Window {
-            duration_ms,
-            algorithm: Algorithm::TokenBucket { burst },
-        },
-        penalty: None,
-    }
-}
+pub use support::{bucket, fixed, sliding};
 
 pub fn log(requests: u64, duration_ms: u64) -> LimitSpec {
     LimitSpec {

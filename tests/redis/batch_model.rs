@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use sluice::limiter::{Algorithm, Clock, LimitSpec, ManualClock, Window};
+use sluice::limiter::{Clock, LimitSpec, ManualClock};
 use sluice::store::{
     Batch, BatchItem, BatchOutcome, Coalescing, CounterStore, MemoryStore, MemoryStoreConfig,
     RedisStore,
@@ -27,7 +27,7 @@ use sluice::store::{
 use crate::coalescing::{open_store_on, wait_for};
 use crate::support;
 use support::redis::RedisServer;
-use support::sliding;
+use support::{bucket, fixed, sliding};
 
 const DOMAIN: &str = "batch-model";
 
@@ -40,20 +40,9 @@ fn limits() -> [LimitSpec; 6] {
         sliding(3, 600, 600),
         sliding(20, 3_000, 250),
         sliding(0, 1_000, 100),
-        other(5, 500, Algorithm::FixedWindow),
-        other(5, 1_000, Algorithm::TokenBucket { burst: 3 }),
+        fixed(5, 500),
+        bucket(5, 1_000, 3),
     ]
-}
-
-fn other(requests: u64, duration_ms: u64, algorithm: Algorithm) -> LimitSpec {
-    LimitSpec {
-        requests,
-        window: Window {
-            duration_ms,
-            algorithm,
-        },
-        penalty: None,
-    }
 }
 
 /// A request: its identity, its limit (in [`limits`]) and its weight.

@@ -490,17 +490,34 @@ pub fn enforcing(domain: &str, name: &str, limit: LimitSpec, hits: u64) -> Batch
     }
 }
 
-/// A sliding window of `requests` per `duration_ms` in buckets of
-/// `precision_ms`.
-pub fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {
+/// `requests` per `duration_ms` counted by `algorithm`, without a penalty.
+pub fn limit(requests: u64, duration_ms: u64, algorithm: Algorithm) -> LimitSpec {
     LimitSpec {
         requests,
         window: Window {
             duration_ms,
-            algorithm: Algorithm::SlidingWindow { precision_ms },
+            algorithm,
         },
         penalty: None,
     }
+}
+
+/// A sliding window in buckets of `precision_ms`.
+pub fn sliding(requests: u64, duration_ms: u64, precision_ms: u64) -> LimitSpec {
+    limit(
+        requests,
+        duration_ms,
+        Algorithm::SlidingWindow { precision_ms },
+    )
+}
+
+pub fn fixed(requests: u64, duration_ms: u64) -> LimitSpec {
+    limit(requests, duration_ms, Algorithm::FixedWindow)
+}
+
+/// A token bucket of `requests` tokens per `duration_ms` and a burst.
+pub fn bucket(requests: u64, duration_ms: u64, burst: u64) -> LimitSpec {
+    limit(requests, duration_ms, Algorithm::TokenBucket { burst })
 }
 
 pub fn per_minute(requests: u64) -> LimitSpec {
