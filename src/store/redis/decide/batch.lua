@@ -148,22 +148,15 @@ local function general_run(key, l, p, n, r, v)
   if k[K_DELETES] then
     call('HDEL', key, unpack(k[K_DELETES]))
   end
-  local extend = k[K_UNTIL] > 0 and k[K_UNTIL] + 1000 > (k[K_STORED] or 0) + 0
-  local at, xs
-  if extend then
-    at = k[K_UNTIL] + 1000 + floor((k[K_UNTIL] - now) / 2)
-    xs = fmt('%d', at)
-    write(k, 'x', xs)
+  local at, text = expiry(k[K_UNTIL], k[K_STORED])
+  if at then
+    write(k, 'x', text)
   end
   if k[K_WRITES] > 0 then
     call('HSET', key, unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
   end
-  if extend then
-    if ARGV[1] == '' then
-      call('PEXPIREAT', key, xs)
-    else
-      call('PEXPIRE', key, fmt('%d', at - now))
-    end
+  if at then
+    expire(key, at, text)
   end
 end
 
@@ -257,16 +250,14 @@ for i = 1, #KEYS do
       end
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, reset, full, slot
       -- The writes.
-      if until_ms > 0 and until_ms + 1000 > (v[1] or 0) + 0 then
-        local expires = until_ms + 1000 + floor((until_ms - now) / 2)
-        local xs = fmt('%d', expires)
-        hset[w + 1], hset[w + 2] = 'x', xs
+      local at, text
+      if until_ms > 0 then
+        at, text = expiry(until_ms, v[1])
+      end
+      if at then
+        hset[w + 1], hset[w + 2] = 'x', text
         call('HSET', key, unpack(hset, 1, w + 2))
-        if ARGV[1] == '' then
-          call('PEXPIREAT', key, xs)
-        else
-          call('PEXPIRE', key, fmt('%d', expires - now))
-        end
+        expire(key, at, text)
       elseif w > 0 then
         call('HSET', key, unpack(hset, 1, w))
       end

@@ -1,6 +1,7 @@
 --[[ The clock of a decision call, read once: ARGV[1] is now in ms since the
 Unix epoch, or "" to read Redis TIME, so that every replica uses one clock.
-decide.lua and batch.lua both take it so (refund.lua is given its time).
+decide.lua and batch.lua both take it so (refund.lua is given its time),
+and move a HASH's expiry by it.
 ]]
 local now
 if ARGV[1] == '' then
@@ -8,4 +9,31 @@ if ARGV[1] == '' then
   now = t[1] * 1000 + floor(t[2] / 1000)
 else
   now = ARGV[1] + 0
+end
+
+-- When a HASH's expiry must move, and to where. It must live until
+-- `until_ms` (0: that has not moved) and one second more, which covers clock
+-- differences between replicas in "local" time mode; `stored` is its "x" as
+-- read (until when it lives, or false). When that falls short it moves half
+-- as far again, so that a counter that keeps getting hits moves it about
+-- once per half window rather than with every new bucket (a PEXPIRE costs
+-- as much as an HSET): an idle HASH lives at most half its longest window
+-- longer than it must. Returns the new expiry and its text (for "x"), or
+-- nil when it need not move.
+local function expiry(until_ms, stored)
+  if until_ms > 0 and until_ms + 1000 > (stored or 0) + 0 then
+    local at = until_ms + 1000 + floor((until_ms - now) / 2)
+    return at, fmt('%d', at)
+  end
+end
+
+-- Moves the HASH's expiry to `at` (`text` formatted), after its HSET: a
+-- PEXPIRE on a key that does not exist yet does nothing.
+local function expire(key, at, text)
+  if ARGV[1] == '' then
+    -- Redis's clock is the script's: the time "x" holds is the expiry.
+    call('PEXPIREAT', key, text)
+  else
+    call('PEXPIRE', key, fmt('%d', at - now))
+  end
 end

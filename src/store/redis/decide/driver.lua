@@ -299,38 +299,23 @@ else
   end
 end
 
--- Write: at most one HDEL, one HSET and one PEXPIRE(AT) per key.
+-- Write: at most one HDEL, one HSET and one PEXPIRE(AT) per key (when and
+-- where the expiry moves: see clock.lua).
 for i = 1, #KEYS do
   local k = single and only or items[i][I_KEY]
   if k[K_FIRST] == i then -- once per key
     if k[K_DELETES] then
       call('HDEL', k[K_NAME], unpack(k[K_DELETES]))
     end
-    -- The HASH must live until K_UNTIL and one second more (which covers
-    -- clock differences between replicas in "local" time mode); "x" says
-    -- until when it does. When that must move, it moves half as far again
-    -- (the same for every shape), so that a counter that keeps getting hits
-    -- moves it about once per half window rather than with every new
-    -- bucket (a PEXPIRE costs as much as an HSET): an idle HASH lives at
-    -- most half its longest window longer than it must.
-    local extend = k[K_UNTIL] > 0 and k[K_UNTIL] + 1000 > (k[K_STORED] or 0) + 0
-    local at, xs
-    if extend then
-      at = k[K_UNTIL] + 1000 + floor((k[K_UNTIL] - now) / 2)
-      xs = fmt('%d', at)
-      write(k, 'x', xs)
+    local at, text = expiry(k[K_UNTIL], k[K_STORED])
+    if at then
+      write(k, 'x', text)
     end
-    -- HSET first: PEXPIRE on a key that does not exist yet does nothing.
     if k[K_WRITES] > 0 then
       call('HSET', k[K_NAME], unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
     end
-    if extend then
-      if ARGV[1] == '' then
-        -- Redis's clock is the script's: the time "x" holds is the expiry.
-        call('PEXPIREAT', k[K_NAME], xs)
-      else
-        call('PEXPIRE', k[K_NAME], fmt('%d', at - now))
-      end
+    if at then
+      expire(k[K_NAME], at, text)
     end
   end
 end

@@ -26,7 +26,7 @@ Fields of a HASH: each algorithm's file lists its own, under a prefix
 "D:…:" (D = duration_ms) that keeps every counter of the identity apart, and
   "x"   when the HASH expires (ms, by the script's clock). The TTL is
         moved only when a limit needs it longer, never on every hit, and
-        then half as far again (see the writes at the end of driver.lua).
+        then half as far again (see `expiry` in clock.lua).
 
 Cost: one HMGET and at most one HDEL, one HSET and one PEXPIRE(AT) per key; a
 sliding window adds one bounded HMGET when buckets leave its window (once
