@@ -135,11 +135,11 @@ def main():
             if batch and a.pattern[0] in BATCHED:
                 # One call carrying them all, as the store sends batch.lua:
                 # now, the algorithm codes, the one limit, then the runs
-                # packed (little-endian 8-byte integers): per key the
+                # packed (little-endian doubles): per key the
                 # limit's number, one request and its weight.
                 keys = [key for key, _, _ in batch]
                 _, now, limit = batch[0]
-                runs = struct.pack("<%dq" % (3 * len(keys)), *[1] * (3 * len(keys)))
+                runs = struct.pack("<%dd" % (3 * len(keys)), *[1] * (3 * len(keys)))
                 code = str(limit[2])
                 c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, code, 1, *limit, runs))
                 pending.append((f, 1))

@@ -60,7 +60,7 @@ pub use self::info::server_info;
 use self::node::{Eval, Node, Script};
 pub use self::tls::RedisTls;
 pub use self::url::RedisUrl;
-use self::wire::{ITEM_ARGS, ItemPart, LIMIT_ARGS, answer_len, answers, push_item};
+use self::wire::{ITEM_ARGS, ItemPart, LIMIT_ARGS, Packing, answer_len, answers, push_item};
 use super::{Batch, BatchItem, BatchOutcome, BreakerConfig, CounterStore, StoreError};
 use crate::limiter::{Clock, Identity, Window, admits};
 use crate::telemetry::metrics::ReconcileCounters;
@@ -199,7 +199,7 @@ impl RedisStore {
             route,
             per_second,
             decide: Script::new(DECIDE),
-            batch: Script::new(BATCH),
+            batch: Script::packing(BATCH, Packing::Doubles),
             refund: Script::new(REFUND),
             breaker: config.breaker,
             clock,

@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use super::dial::{DialError, Dialer, Place, refusal};
-use super::wire;
+use super::wire::{self, Packing};
 use crate::store::{Circuit, StoreError};
 
 /// A node's name in messages and metrics: `host:port`, or the URL (without
@@ -81,17 +81,23 @@ impl Redirect {
 }
 
 /// A Lua script: its source, sent by `SCRIPT LOAD` to a Redis that lacks
-/// it, and its SHA1, by which it is called.
+/// it, its SHA1, by which it is called, and how its packed reply reads.
 #[derive(Clone, Debug)]
 pub(super) struct Script {
     lua: &'static str,
     sha1: Arc<str>,
+    packing: Packing,
 }
 
 impl Script {
+    /// A script whose packed reply holds 8-byte integers.
     pub(super) fn new(lua: &'static str) -> Script {
+        Script::packing(lua, Packing::Integers)
+    }
+
+    pub(super) fn packing(lua: &'static str, packing: Packing) -> Script {
         let sha1 = redis::Script::new(lua).get_hash().into();
-        Script { lua, sha1 }
+        Script { lua, sha1, packing }
     }
 
     /// `SCRIPT LOAD` of this script.
@@ -289,7 +295,9 @@ impl Node {
             // Demoted to a replica: dialling again finds the primary.
             line.replace.notify_waiters();
         }
-        match result.and_then(|reply| wire::script_reply(reply).map_err(Into::into)) {
+        match result
+            .and_then(|reply| wire::script_reply(reply, eval.script.packing).map_err(Into::into))
+        {
             Ok(reply) => Sent::Reply(reply),
             Err(e) => match Redirect::parse(&error_text(&e)) {
                 Some(redirect) => Sent::Redirect(redirect),

@@ -243,7 +243,8 @@ pub(super) fn push_limits(cmd: &mut Cmd, limits: &[[i64; LIMIT_ARGS]]) {
 }
 
 /// batch.lua's last argument: its runs (one key and limit each) packed as
-/// little-endian 8-byte integers, per run its limit's number (see
+/// little-endian doubles (`struct.unpack` makes a double a Lua number with
+/// less work than an 8-byte integer), per run its limit's number (see
 /// `batch_limits`), the number of requests, and their weights in order.
 #[derive(Default)]
 pub(super) struct PackedRuns(Vec<u8>);
@@ -255,11 +256,17 @@ impl PackedRuns {
     }
 
     pub(super) fn push(&mut self, limit: usize, weights: impl ExactSizeIterator<Item = u64>) {
-        self.0.extend((limit as i64).to_le_bytes());
-        self.0.extend((weights.len() as i64).to_le_bytes());
+        self.number(limit as f64);
+        self.number(weights.len() as f64);
         for weight in weights {
-            self.0.extend(hits(weight).to_le_bytes());
+            // Past 2^53 a weight is rounded, as Lua would read its digits:
+            // it is far over any limit either way.
+            self.number(hits(weight) as f64);
         }
+    }
+
+    fn number(&mut self, n: f64) {
+        self.0.extend(n.to_le_bytes());
     }
 
     pub(super) fn push_to(&self, cmd: &mut Cmd) {
@@ -267,19 +274,46 @@ impl PackedRuns {
     }
 }
 
+/// How a script packs the numbers of a string reply: batch.lua's are
+/// doubles (`struct.pack` writes a double with less work than an 8-byte
+/// integer), the others' 8-byte integers (overrides.lua's text rides in
+/// them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Packing {
+    Integers,
+    Doubles,
+}
+
 /// A script's reply as integers: an array of them (decide.lua,
-/// refund.lua), or one string of them packed as little-endian 8-byte
-/// integers (batch.lua's, see its header).
-pub(super) fn script_reply(value: Value) -> Result<Vec<i64>, ParsingError> {
+/// refund.lua), or one string of them packed little-endian as `packing`
+/// says (batch.lua's and overrides.lua's, see their headers).
+pub(super) fn script_reply(value: Value, packing: Packing) -> Result<Vec<i64>, ParsingError> {
     match value {
         Value::BulkString(bytes) => {
             let (packed, rest) = bytes.as_chunks::<8>();
             if !rest.is_empty() {
                 return Err(format!("a packed reply of {} bytes", bytes.len()).into());
             }
-            Ok(packed.iter().map(|b| i64::from_le_bytes(*b)).collect())
+            match packing {
+                Packing::Integers => Ok(packed.iter().map(|b| i64::from_le_bytes(*b)).collect()),
+                Packing::Doubles => packed
+                    .iter()
+                    .map(|b| integer(f64::from_le_bytes(*b)))
+                    .collect(),
+            }
         }
         other => Vec::<i64>::from_redis_value(other),
+    }
+}
+
+/// A packed double as the integer it must hold (every value a script
+/// answers is an integer within 2^53, where a double is exact).
+fn integer(n: f64) -> Result<i64, ParsingError> {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    if n.fract() == 0.0 && n.abs() <= EXACT {
+        Ok(n as i64)
+    } else {
+        Err(format!("a packed reply holds {n}, not an integer").into())
     }
 }
 
@@ -341,14 +375,52 @@ mod tests {
         for v in [7_i64, -1, 9_007_199_254_740_991] {
             bytes.extend(v.to_le_bytes());
         }
-        let reply = script_reply(Value::BulkString(bytes)).expect("packed");
+        let reply = script_reply(Value::BulkString(bytes), Packing::Integers).expect("packed");
         assert_eq!(reply, [7, -1, 9_007_199_254_740_991]);
     }
 
     #[test]
+    fn a_reply_packed_in_doubles_reads_as_their_integers() {
+        let mut bytes = Vec::new();
+        for v in [7.0_f64, -1.0, 9_007_199_254_740_991.0, 0.0] {
+            bytes.extend(v.to_le_bytes());
+        }
+        let reply = script_reply(Value::BulkString(bytes), Packing::Doubles).expect("packed");
+        assert_eq!(reply, [7, -1, 9_007_199_254_740_991, 0]);
+    }
+
+    #[test]
+    fn a_double_that_is_no_integer_is_refused() {
+        for bad in [0.5_f64, f64::NAN, f64::INFINITY, 1e300] {
+            let reply = script_reply(
+                Value::BulkString(bad.to_le_bytes().to_vec()),
+                Packing::Doubles,
+            );
+            assert!(reply.is_err(), "{bad} was read");
+        }
+    }
+
+    #[test]
+    fn runs_are_packed_as_little_endian_doubles() {
+        let mut runs = PackedRuns::default();
+        runs.push(2, [1_u64, 5].into_iter());
+        runs.push(1, [u64::MAX].into_iter());
+        let numbers: Vec<f64> = runs
+            .0
+            .as_chunks::<8>()
+            .0
+            .iter()
+            .map(|b| f64::from_le_bytes(*b))
+            .collect();
+        assert_eq!(numbers, [2.0, 2.0, 1.0, 5.0, 1.0, 1.0, i64::MAX as f64]);
+    }
+
+    #[test]
     fn a_packed_reply_cut_short_is_refused_and_an_array_still_reads() {
-        assert!(script_reply(Value::BulkString(vec![0; 12])).is_err());
-        let array = Value::Array(vec![Value::Int(3), Value::Int(-1)]);
-        assert_eq!(script_reply(array).expect("array"), [3, -1]);
+        for packing in [Packing::Integers, Packing::Doubles] {
+            assert!(script_reply(Value::BulkString(vec![0; 12]), packing).is_err());
+            let array = Value::Array(vec![Value::Int(3), Value::Int(-1)]);
+            assert_eq!(script_reply(array, packing).expect("array"), [3, -1]);
+        }
     }
 }

@@ -18,11 +18,12 @@ ARGV[2]   the algorithm codes the runs use ("0", "02", ...: 0 sliding
 ARGV[3]   how many distinct limits the runs count on; then each limit once,
           as decide.lua takes a limit (requests, duration_ms, algorithm,
           param).
-Last, the runs, packed in one string of little-endian 8-byte integers: per
-run its limit (1 for the first listed, ...), n, and the n requests' weights.
-(Three arguments a request cost Redis a string to make and intern and a
-slot of ARGV to fill, and this script a number to parse: struct.unpack
-makes them numbers at once, in one table.)
+Last, the runs, packed in one string of little-endian doubles: per run its
+limit (1 for the first listed, ...), n, and the n requests' weights. (Three
+arguments a request cost Redis a string to make and intern and a slot of
+ARGV to fill, and this script a number to parse: struct.unpack makes them
+numbers at once, in one table; a double with less work than an 8-byte
+integer.)
 
 Each run is decided as decide.lua decides one coalesced call: each request
 in turn, as if every earlier admitted one were counted (what separate calls
@@ -32,10 +33,11 @@ wrote.
 
 Reply, per run: used (before the run), reset, full, slot (after it, as
 decide.lua's), then per request 1 if it was over (not admitted), 0 if
-counted; all packed in one string as little-endian 8-byte integers
-(struct.pack: one value for Redis to send and for the caller to parse
-instead of five a request, each of which cost the caller's RESP parser
-about 900 instructions; and less for Redis than a reply array).
+counted; all packed in one string as little-endian doubles (struct.pack:
+one value for Redis to send and for the caller to parse instead of five a
+request, each of which cost the caller's RESP parser about 900
+instructions; and less for Redis than a reply array, and than 8-byte
+integers).
 
 Cost: what depends only on a limit and now (its numbers, the prefix and
 names of its fields, the state's constants) is made once per limit, not per
@@ -95,7 +97,7 @@ for j = 1, ARGV[3] + 0 do
   a = a + 4
 end
 local packed = ARGV[a]
-local runs = { struct.unpack('<' .. string.rep('i8', #packed / 8), packed) }
+local runs = { struct.unpack('<' .. string.rep('d', #packed / 8), packed) }
 
 -- Runs take 2 values and answer 4 besides one per request: the reply has
 -- #packed / 8 + 2 * #KEYS values, its slots made at once.
@@ -106,6 +108,24 @@ local reply, r, p = { unpack(KEYS, 1, size) }, 0, 1
 -- last (runs of one limit follow each other), and the HSET's arguments.
 local q_at, q_total, q_low, q_high, q_oldest_name, q_cur_name, q_cur_text, oldest, cur, d, prec, requests, inside
 local hset = { false, false, false, false, false, false, false, false, false, false }
+
+-- The quick path's numbers as the HASH holds them, and back, remembered for
+-- the call: its decisions mostly read and write the same few (small
+-- counts, the buckets of now), and a table lookup costs a fraction of a
+-- parse (strtod) or a string.format (callgrind: about 5% of a batched
+-- decision, see BENCHMARKS.md). `number_of[s] or number(s)` reads field
+-- text `s`; `text_of[n] or text(n)` writes count `n`.
+local number_of, text_of = {}, {}
+local function number(s)
+  local n = s + 0
+  number_of[s] = n
+  return n
+end
+local function text(n)
+  local s = fmt('%d', n)
+  text_of[n] = s
+  return s
+end
 
 -- Any run the quick path leaves: the algorithm's function decides it, on
 -- records as decide.lua's single path makes them. `v` is the key's HMGET
@@ -178,13 +198,15 @@ for i = 1, #KEYS do
         unpack(q)
     end
     v = call('HMGET', key, 'x', q_total, q_low, q_high, q_oldest_name, q_cur_name)
-    local t, o, high = (v[2] or 0) + 0, v[3], v[4]
+    local t, o, high = v[2], v[3], v[4]
+    t = t and (number_of[t] or number(t)) or 0
     if t > 0 then
-      o, high = o + 0, high + 0
+      o, high = number_of[o] or number(o), number_of[high] or number(high)
     end
     if t == 0 or o >= oldest and high <= cur then
       local c_oldest, c_cur = v[5], v[6]
-      c_oldest, c_cur = c_oldest and c_oldest + 0, c_cur and c_cur + 0
+      c_oldest = c_oldest and (number_of[c_oldest] or number(c_oldest))
+      c_cur = c_cur and (number_of[c_cur] or number(c_cur))
       -- 'load': what the window holds.
       local used = t
       if t > 0 and o == oldest and c_oldest and inside < prec then
@@ -210,8 +232,8 @@ for i = 1, #KEYS do
         if cur == oldest then
           c_oldest = c -- P is not shorter than D: one bucket is both
         end
-        local cs = fmt('%d', c)
-        hset[1], hset[2], hset[3], hset[4] = q_cur_name, cs, q_total, c == total and cs or fmt('%d', total)
+        local cs = text_of[c] or text(c)
+        hset[1], hset[2], hset[3], hset[4] = q_cur_name, cs, q_total, c == total and cs or text_of[total] or text(total)
         w = 4
         if t == 0 then
           o = cur
@@ -269,4 +291,4 @@ for i = 1, #KEYS do
   end
   r, p = r + 4 + n, p + 2 + n
 end
-return struct.pack('<' .. string.rep('i8', size), unpack(reply, 1, size))
+return struct.pack('<' .. string.rep('d', size), unpack(reply, 1, size))
