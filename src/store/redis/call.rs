@@ -495,9 +495,21 @@ impl Shared {
         eval: Eval,
         waiting: Arc<dyn Waiting>,
     ) -> Called {
+        self.call_within(target, eval, waiting, self.timeout).await
+    }
+
+    /// [`Shared::call`], waiting at most `within` (a shared call: what is
+    /// left of its members' earliest timeout).
+    pub(super) async fn call_within(
+        self: &Arc<Self>,
+        target: Target,
+        eval: Eval,
+        waiting: Arc<dyn Waiting>,
+        within: Duration,
+    ) -> Called {
         let guard = Guard::Abandonable(waiting);
         let mut sent: Sending = Box::pin(self.clone().send(target, eval, guard));
-        match tokio::time::timeout(self.timeout, &mut sent).await {
+        match tokio::time::timeout(within, &mut sent).await {
             Ok(reply) => Called::Replied(reply),
             Err(_) => Called::Late(Late {
                 sent,

@@ -27,18 +27,24 @@
 //! others' call with it.
 //!
 //! **Answers and counters agree.** A request is sent only while its caller
-//! still waits. A caller that stops waiting after its request was sent (it
-//! timed out, or was cancelled) is not told anything, so what its request
-//! counted is refunded. A shared call that outlives the timeout is left to
-//! the call layer (`call.rs`) as any call: every request on it is told
-//! `Timeout`, a task waits for the late reply, and refunds whatever it
-//! counted.
+//! still waits and its timeout (counted from when it joined its lane) has
+//! not run out; the flusher tells one whose timeout ran out while it
+//! waited, so a waiting request needs no timer of its own (each one cost a
+//! registration in Tokio's timer wheel and its removal). A caller that
+//! stops waiting after its request was sent (cancelled) is not told
+//! anything, so what its request counted is refunded. A shared call waits
+//! at most what is left of its members' earliest timeout; one that
+//! outlives it is left to the call layer (`call.rs`) as any call: every
+//! request on it is told `Timeout`, a task waits for the late reply, and
+//! refunds whatever it counted.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::call::{Called, Owed, RECONCILE_WAIT, Shared, Target, Waiting};
 use super::node::Eval;
@@ -106,6 +112,8 @@ struct Waiter {
     request: Request,
     /// Taken when the request is answered (or told it timed out).
     tell: Option<oneshot::Sender<Result<Verdict, StoreError>>>,
+    /// When its timeout, counted from when it joined, runs out.
+    deadline: Instant,
 }
 
 impl Waiter {
@@ -226,6 +234,7 @@ impl Coalescer {
                 queue.get_mut().push(Waiter {
                     request,
                     tell: Some(tell),
+                    deadline: Instant::now() + self.calls.timeout,
                 });
                 Turn::Queued(Queued {
                     answer,
@@ -244,34 +253,26 @@ impl Coalescer {
         }
     }
 
-    /// Waits (at most the store's timeout) for what a shared call decided
-    /// for `item`, the one item of its request.
+    /// Waits for what a shared call decided for `item`, the one item of its
+    /// request. It is told within the store's timeout, counted from when it
+    /// joined, without a timer of its own: the call in flight when it
+    /// joined ends (answered or timed out) before that, and the flusher
+    /// then tells it it timed out, or sends it on a call that waits at most
+    /// what is left of its members' earliest timeout (see `flush`).
     pub(super) async fn wait(
         &self,
         queued: Queued,
         item: &BatchItem,
     ) -> Result<BatchOutcome, StoreError> {
-        let timeout = self.calls.timeout;
-        let mut answer = queued.answer;
-        let told = match tokio::time::timeout(timeout, &mut answer).await {
-            Ok(told) => told.map_err(|_| dropped()),
-            Err(_) => {
-                // Closed before a last look: a verdict sent from now on is
-                // refused, so its flusher refunds what this request
-                // counted; one sent since the timer fired is taken, not
-                // lost behind a Timeout answer while its hits stay counted.
-                answer.close();
-                answer.try_recv().map_err(|_| StoreError::Timeout(timeout))
-            }
-        };
+        let told = queued.answer.await.map_err(|_| dropped());
         let result = told.and_then(|verdict| {
             verdict.map(|v| BatchOutcome {
                 admitted: v.admitted,
                 limits: vec![v.answer.outcome(item, v.admitted)],
             })
         });
-        // Told by its own timer or by the flusher's: each request that times
-        // out counts against the breaker, as it does alone.
+        // Each request that times out counts against the breaker, as it
+        // does alone.
         if let Err(StoreError::Timeout(_)) = result {
             let Lane { target, slot } = queued.lane;
             self.calls.timed_out(target, slot, queued.started);
@@ -302,24 +303,31 @@ impl Coalescer {
                     queue.drain(..MOST_PER_CALL).collect()
                 }
             };
-            // Who stopped waiting before anything was sent is not sent.
+            // Who stopped waiting before anything was sent is not sent, nor
+            // is who has waited out the timeout (told so here).
             members.retain(|m| m.tell.as_ref().is_some_and(|t| !t.is_closed()));
+            let (timed_out, members, within) = due(members, Instant::now());
+            fail(timed_out, &StoreError::Timeout(self.calls.timeout));
             if !members.is_empty() {
-                self.call(lane, members).await;
+                self.call(lane, members, within).await;
             }
         }
     }
 
-    /// One call deciding `members` (at least one) in runs; past the timeout
-    /// it is left to finish in the background and reconciled.
-    async fn call(&self, lane: Lane, members: Vec<Waiter>) {
+    /// One call deciding `members` (at least one) in runs; past `within`
+    /// (what is left of the earliest member's timeout) it is left to finish
+    /// in the background and reconciled.
+    async fn call(&self, lane: Lane, members: Vec<Waiter>, within: Duration) {
         let calls = &self.calls;
         let (members, lens) = in_runs(members);
         let eval = batch_eval(calls, lane.slot, &members, &lens);
         // Shared with the breaker's guard: a late reply, when every member
         // stopped waiting, must not close a breaker their timeouts opened.
         let members = Arc::new(Members(Mutex::new(members)));
-        let reply = match calls.call(lane.target, eval, members.clone()).await {
+        let reply = match calls
+            .call_within(lane.target, eval, members.clone(), within)
+            .await
+        {
             Called::Replied(reply) => reply,
             Called::Late(late) => {
                 let timeout = calls.timeout;
@@ -345,6 +353,16 @@ impl Coalescer {
             Err(e) => fail(members, &e),
         }
     }
+}
+
+/// `members` split at `now`: those whose timeout has run out, and the
+/// others, with how long their call may wait (what is left of the earliest
+/// of their timeouts; zero when there are none).
+fn due(members: Vec<Waiter>, now: Instant) -> (Vec<Waiter>, Vec<Waiter>, Duration) {
+    let (timed_out, waiting): (Vec<_>, Vec<_>) =
+        members.into_iter().partition(|m| m.deadline <= now);
+    let within = waiting.iter().map(|m| m.deadline - now).min();
+    (timed_out, waiting, within.unwrap_or_default())
 }
 
 /// `members` in runs, one per counter (key and limit) in the order each
@@ -517,5 +535,62 @@ impl Drop for Leaving<'_> {
         if let Some(lane) = &self.lane {
             self.lanes.abandon(lane);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Window;
+
+    fn waiter(key: &str, deadline: Instant) -> Waiter {
+        let window = Window {
+            duration_ms: 60_000,
+            algorithm: Algorithm::FixedWindow,
+        };
+        let limit = LimitSpec {
+            requests: 5,
+            window,
+            penalty: None,
+        };
+        Waiter {
+            request: Request {
+                key: key.into(),
+                limit,
+                hits: 1,
+            },
+            tell: None,
+            deadline,
+        }
+    }
+
+    fn keys(members: &[Waiter]) -> Vec<&str> {
+        members.iter().map(|m| m.request.key.as_str()).collect()
+    }
+
+    #[test]
+    fn who_waited_out_the_timeout_is_not_sent_and_the_call_waits_what_the_earliest_has_left() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let members = vec![
+            waiter("late", now - ms(1)),
+            waiter("later", now + ms(30)),
+            waiter("due now", now),
+            waiter("soonest", now + ms(10)),
+        ];
+        let (timed_out, waiting, within) = due(members, now);
+        assert_eq!(keys(&timed_out), ["late", "due now"]);
+        assert_eq!(keys(&waiting), ["later", "soonest"]);
+        assert_eq!(within, ms(10));
+    }
+
+    #[test]
+    fn when_every_timeout_has_run_out_nothing_is_sent() {
+        let now = Instant::now();
+        let (timed_out, waiting, within) = due(vec![waiter("late", now)], now);
+        assert_eq!(
+            (timed_out.len(), waiting.len(), within),
+            (1, 0, Duration::ZERO)
+        );
     }
 }
