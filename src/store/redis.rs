@@ -199,7 +199,7 @@ impl RedisStore {
             route,
             per_second,
             decide: Script::new(DECIDE),
-            batch: Script::packing(BATCH, Packing::Doubles),
+            batch: Script::with_packing(BATCH, Packing::Doubles),
             refund: Script::new(REFUND),
             breaker: config.breaker,
             clock,

@@ -92,10 +92,11 @@ pub(super) struct Script {
 impl Script {
     /// A script whose packed reply holds 8-byte integers.
     pub(super) fn new(lua: &'static str) -> Script {
-        Script::packing(lua, Packing::Integers)
+        Script::with_packing(lua, Packing::Integers)
     }
 
-    pub(super) fn packing(lua: &'static str, packing: Packing) -> Script {
+    /// A script whose packed reply reads as `packing` says.
+    pub(super) fn with_packing(lua: &'static str, packing: Packing) -> Script {
         let sha1 = redis::Script::new(lua).get_hash().into();
         Script { lua, sha1, packing }
     }
