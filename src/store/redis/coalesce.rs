@@ -234,7 +234,7 @@ impl Coalescer {
                 queue.get_mut().push(Waiter {
                     request,
                     tell: Some(tell),
-                    deadline: Instant::now() + self.calls.timeout,
+                    deadline: deadline_after(self.calls.timeout),
                 });
                 Turn::Queued(Queued {
                     answer,
@@ -353,6 +353,14 @@ impl Coalescer {
             Err(e) => fail(members, &e),
         }
     }
+}
+
+/// When a timeout of `timeout` from now runs out. One too long to add to
+/// the clock (the setting has no upper bound) runs out in a century.
+fn deadline_after(timeout: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+    let now = Instant::now();
+    now.checked_add(timeout).unwrap_or(now + CENTURY)
 }
 
 /// `members` split at `now`: those whose timeout has run out, and the
@@ -582,6 +590,15 @@ mod tests {
         assert_eq!(keys(&timed_out), ["late", "due now"]);
         assert_eq!(keys(&waiting), ["later", "soonest"]);
         assert_eq!(within, ms(10));
+    }
+
+    #[test]
+    fn a_timeout_too_long_for_the_clock_is_a_deadline_far_away_not_a_panic() {
+        let year = Duration::from_secs(365 * 86_400);
+        assert!(deadline_after(Duration::MAX) > Instant::now() + 50 * year);
+        assert!(deadline_after(Duration::from_millis(u64::MAX)) > Instant::now() + 50 * year);
+        let soon = deadline_after(Duration::from_millis(40));
+        assert!(soon <= Instant::now() + Duration::from_millis(40));
     }
 
     #[test]
