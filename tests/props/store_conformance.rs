@@ -708,6 +708,33 @@ mod cases {
         assert_eq!(used(s, "r", l).await, 0, "bucket 1 has left");
     }
 
+    /// A refund that empties the newest bucket leaves the one below it the
+    /// newest, with its hits: a later refund takes from it, and a clock back
+    /// in it adds to it.
+    pub async fn after_the_newest_bucket_is_refunded_the_one_below_keeps_its_hits<
+        S: CounterStore,
+    >(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = sliding(9, 1_000, 100);
+        c.set(T0 + 50);
+        apply(s, vec![item("q", &[l], 3, Enforce)]).await; // bucket 0
+        c.set(T0 + 250);
+        apply(s, vec![item("q", &[l], 2, Enforce)]).await; // bucket 2
+        apply(s, vec![refund("q", &[l], 2)]).await; // bucket 2 emptied
+        let o = apply(s, vec![refund("q", &[l], 1)]).await;
+        assert_eq!(o.limits[0].used, 2, "the second refund takes from bucket 0");
+        c.set(T0 + 60);
+        apply(s, vec![item("q", &[l], 1, Enforce)]).await;
+        c.set(T0 + 1_050);
+        assert_eq!(
+            used(s, "q", l).await,
+            2,
+            "bucket 0 holds three again, half of it (rounded up) still in"
+        );
+    }
+
     /// A read in a later fixed window writes nothing (Redis writes nothing
     /// on a read): a clock stepping back into the counted window finds its
     /// hits.
@@ -784,6 +811,31 @@ mod cases {
         let o = apply(s, items).await;
         assert!(o.admitted);
         assert!(o.limits.iter().all(|x| x.used == 1));
+    }
+
+    /// A rejected request's part counted on other cluster slots is taken
+    /// back from buckets that keep hits of their own: what is left of the
+    /// oldest bucket still counts in proportion as it leaves the window.
+    pub async fn a_refund_that_leaves_hits_in_a_bucket_keeps_them_straddling<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+    ) {
+        let l = sliding(9, 1_000, 100);
+        let names: Vec<String> = (0..8).map(|i| format!("kept-{i}")).collect();
+        c.set(T0 + 50);
+        let three: Vec<BatchItem> = names.iter().map(|n| item(n, &[l], 3, Enforce)).collect();
+        assert!(apply(s, three).await.admitted);
+        let mut more: Vec<BatchItem> = names.iter().map(|n| item(n, &[l], 1, Enforce)).collect();
+        more.push(item("kept-blocked", &[fixed(0, 60_000)], 1, Enforce));
+        assert!(!apply(s, more).await.admitted);
+        c.set(T0 + 1_050);
+        for n in &names {
+            assert_eq!(
+                used(s, n, l).await,
+                2,
+                "{n}: half of its three (rounded up) is still in"
+            );
+        }
     }
 
     pub async fn token_bucket_admits_the_burst_then_one_per_interval<S: CounterStore>(
@@ -1109,10 +1161,12 @@ suite!(
     every_limit_of_an_item_is_checked_and_counted,
     a_clock_stepping_back_adds_to_the_newest_bucket,
     a_clock_behind_a_refunded_bucket_adds_to_a_bucket_of_its_own,
+    after_the_newest_bucket_is_refunded_the_one_below_keeps_its_hits,
     a_fixed_window_read_later_forgets_nothing_when_the_clock_steps_back,
     a_refund_to_a_full_token_bucket_changes_nothing,
     a_long_idle_counter_is_forgotten,
     many_identities_one_of_them_full_counts_nothing,
+    a_refund_that_leaves_hits_in_a_bucket_keeps_them_straddling,
     quota_items_in_different_slots_are_refunded_together,
     token_bucket_admits_the_burst_then_one_per_interval,
     token_bucket_keeps_fractional_intervals_exact,

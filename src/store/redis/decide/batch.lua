@@ -59,12 +59,8 @@ local uses_bucket = algs:find('2', 1, true) ~= nil
 --[[ layout quick: what the runs of one sliding-window limit share on the
   quick path (see the loop below), made once a call and taken into locals
   in this order
-  Q_TOTAL       the name of its field "t"
-  Q_LOW         of "o"
-  Q_HIGH        of "n"
-  Q_OLDEST_NAME of the bucket at the window's start
+  Q_MARKS       the name of its markers' field "m"
   Q_CUR_NAME    of the bucket of now
-  Q_CUR_TEXT    the bucket of now, formatted
   Q_OLDEST      the bucket at the window's start
   Q_CUR         the bucket of now
   Q_DURATION    D
@@ -87,11 +83,9 @@ for j = 1, ARGV[3] + 0 do
   if code == '0' then
     local d, p, f = l[L_DURATION], ARGV[a + 3] + 0, sliding_window('prefix', ARGV[a + 1], ARGV[a + 3])
     local oldest, cur = floor((now - d) / p), floor(now / p)
-    local sc = fmt('%d', cur)
     quick[j] = {
-      [Q_TOTAL] = f .. 't', [Q_LOW] = f .. 'o', [Q_HIGH] = f .. 'n', [Q_OLDEST_NAME] = f .. fmt('%d', oldest),
-      [Q_CUR_NAME] = f .. sc, [Q_CUR_TEXT] = sc, [Q_OLDEST] = oldest, [Q_CUR] = cur, [Q_DURATION] = d,
-      [Q_PRECISION] = p, [Q_REQUESTS] = l[L_REQUESTS], [Q_INSIDE] = (oldest + 1) * p - (now - d),
+      [Q_MARKS] = f .. 'm', [Q_CUR_NAME] = f .. fmt('%d', cur), [Q_OLDEST] = oldest, [Q_CUR] = cur,
+      [Q_DURATION] = d, [Q_PRECISION] = p, [Q_REQUESTS] = l[L_REQUESTS], [Q_INSIDE] = (oldest + 1) * p - (now - d),
     }
   end
   a = a + 4
@@ -106,21 +100,14 @@ local reply, r, p = { unpack(KEYS, 1, size) }, 0, 1
 
 -- The quick path's locals: the quick record of the limit whose run came
 -- last (runs of one limit follow each other), and the HSET's arguments.
-local q_at, q_total, q_low, q_high, q_oldest_name, q_cur_name, q_cur_text, oldest, cur, d, prec, requests, inside
-local hset = { false, false, false, false, false, false, false, false, false, false }
+local q_at, q_marks, q_cur_name, oldest, cur, d, prec, requests, inside
+local hset = { false, false, false, false, false, false }
 
--- The quick path's numbers as the HASH holds them, and back, remembered for
--- the call: its decisions mostly read and write the same few (small
--- counts, the buckets of now), and a table lookup costs a fraction of a
--- parse (strtod) or a string.format (callgrind: about 5% of a batched
--- decision, see BENCHMARKS.md). `number_of[s] or number(s)` reads field
--- text `s`; `text_of[n] or text(n)` writes count `n`.
-local number_of, text_of = {}, {}
-local function number(s)
-  local n = s + 0
-  number_of[s] = n
-  return n
-end
+-- The quick path's counts as the HASH holds them, remembered for the call:
+-- its decisions mostly write the same few (small counts), and a table
+-- lookup costs a fraction of a string.format (callgrind: see the benchmarks
+-- log). `text_of[n] or text(n)` is count `n` as a bucket's field holds it.
+local text_of = {}
 local function text(n)
   local s = fmt('%d', n)
   text_of[n] = s
@@ -163,6 +150,9 @@ local function general_run(key, l, p, n, r, v)
     end
   end
   reply[r + 2], reply[r + 3] = alg('report', st, l)
+  if st[S_DIRTY] then
+    alg('save', st)
+  end
 
   -- decide.lua's writes (see the end of driver.lua), for this key.
   if k[K_DELETES] then
@@ -194,23 +184,21 @@ for i = 1, #KEYS do
   if q then
     if q ~= q_at then
       q_at = q
-      q_total, q_low, q_high, q_oldest_name, q_cur_name, q_cur_text, oldest, cur, d, prec, requests, inside =
-        unpack(q)
+      q_marks, q_cur_name, oldest, cur, d, prec, requests, inside = unpack(q)
     end
-    v = call('HMGET', key, 'x', q_total, q_low, q_high, q_oldest_name, q_cur_name)
-    local t, o, high = v[2], v[3], v[4]
-    t = t and (number_of[t] or number(t)) or 0
-    if t > 0 then
-      o, high = number_of[o] or number(o), number_of[high] or number(high)
+    v = call('HMGET', key, 'x', q_marks)
+    local t, o, high, low_hits, high_hits = 0, cur, cur, 0, 0
+    if v[2] then
+      t, o, high, low_hits, high_hits = struct.unpack('<ddddd', v[2])
+      if t == 0 then
+        o, high, low_hits, high_hits = cur, cur, 0, 0 -- refunded to nothing: empty
+      end
     end
-    if t == 0 or o >= oldest and high <= cur then
-      local c_oldest, c_cur = v[5], v[6]
-      c_oldest = c_oldest and (number_of[c_oldest] or number(c_oldest))
-      c_cur = c_cur and (number_of[c_cur] or number(c_cur))
+    if o >= oldest and high <= cur then
       -- 'load': what the window holds.
       local used = t
-      if t > 0 and o == oldest and c_oldest and inside < prec then
-        used = t - c_oldest + ceil(c_oldest * inside / prec)
+      if t > 0 and o == oldest and inside < prec then
+        used = t - low_hits + ceil(low_hits * inside / prec)
       end
       -- in_turn, then 'add' into the bucket of now.
       local counted, at = 0, r + 4
@@ -228,25 +216,17 @@ for i = 1, #KEYS do
       local hits = counted > 0 and min(counted, MAX_HITS - t) or 0
       if hits > 0 then
         slot = cur
-        local c, total = (c_cur or 0) + hits, t + hits
-        if cur == oldest then
-          c_oldest = c -- P is not shorter than D: one bucket is both
+        local c = (high == cur and high_hits or 0) + hits
+        if t == 0 or high ~= cur then
+          until_ms = (cur + 1) * prec + d -- a new newest bucket: the HASH lives on
         end
-        local cs = text_of[c] or text(c)
-        hset[1], hset[2], hset[3], hset[4] = q_cur_name, cs, q_total, c == total and cs or text_of[total] or text(total)
+        if o == cur then
+          low_hits = c -- one bucket is both
+        end
+        t = t + hits
+        hset[1], hset[2], hset[3] = q_cur_name, text_of[c] or text(c), q_marks
+        hset[4] = struct.pack('<ddddd', t, o, cur, low_hits, c)
         w = 4
-        if t == 0 then
-          o = cur
-          hset[5], hset[6], hset[7], hset[8] = q_low, q_cur_text, q_high, q_cur_text
-          w = 8
-        elseif high ~= cur then
-          hset[5], hset[6] = q_high, q_cur_text
-          w = 6
-        end
-        if w > 4 then
-          until_ms = (cur + 1) * prec + d
-        end
-        t = total
       end
       -- 'report'.
       local reset, full = 0, 0
@@ -259,12 +239,12 @@ for i = 1, #KEYS do
         reset = (o + 1) * prec + d - now
         if requests == 0 then
           full = reset
-        elseif o == oldest and c_oldest and inside < prec then
-          local others = t - c_oldest
+        elseif o == oldest and inside < prec then
+          local others = t - low_hits
           if others >= requests then
             full = inside
           else
-            full = inside - min(idiv((requests - 1 - others) * prec, c_oldest), inside)
+            full = inside - min(idiv((requests - 1 - others) * prec, low_hits), inside)
           end
         elseif t >= requests then
           full = max(o * prec + d - now, 0)

@@ -90,7 +90,7 @@ calendar_window = uses_calendar and function(op, st, l, x)
     end
     return {
       [S_ALG] = calendar_window, [S_KEY] = k, [S_AT] = n, [S_USED] = 0, [S_PENDING] = 0,
-      [S_FIRST] = 0, [S_PREFIX] = x, [CW_START] = start, [CW_END] = start + len,
+      [S_FIRST] = 0, [S_PREFIX] = x, [S_DIRTY] = false, [CW_START] = start, [CW_END] = start + len,
       [CW_HITS] = 0, [CW_GUESSED] = guessed,
     }
   elseif op == 'prefix' then

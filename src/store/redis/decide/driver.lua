@@ -233,8 +233,8 @@ if single then
   if not whole then
     reply[R_RESET_BEFORE], reply[R_FULL_BEFORE] = reset_before or reset, full_before or full
   end
-  if alg == sliding_log and st[SL_DIRTY] then
-    sliding_log('save', st)
+  if st[S_DIRTY] then
+    alg('save', st)
   end
 else
   reply[R_APPLIED] = applied and 1 or 0
@@ -290,11 +290,11 @@ else
     end
   end
 
-  -- What a state kept back until every operation was done (a sliding log).
+  -- What a state kept back until every operation was done.
   for j = 1, nl do
     local st = limits[j][L_STATE]
-    if st[S_FIRST] == j and st[S_ALG] == sliding_log and st[SL_DIRTY] then
-      sliding_log('save', st)
+    if st[S_FIRST] == j and st[S_DIRTY] then
+      st[S_ALG]('save', st)
     end
   end
 end

@@ -63,7 +63,7 @@ fixed_window = uses_fixed and function(op, st, l, x)
     k[K_READS] = n + FWF_HITS -- its last field
     return {
       [S_ALG] = fixed_window, [S_KEY] = k, [S_AT] = n, [S_USED] = 0, [S_PENDING] = 0,
-      [S_FIRST] = 0, [S_PREFIX] = x, [FW_DURATION] = l[L_DURATION],
+      [S_FIRST] = 0, [S_PREFIX] = x, [S_DIRTY] = false, [FW_DURATION] = l[L_DURATION],
       [FW_NOW] = math.floor(now / l[L_DURATION]), [FW_STORED] = false, [FW_HITS] = 0,
     }
   elseif op == 'prefix' then

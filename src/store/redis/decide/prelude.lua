@@ -121,6 +121,8 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
   S_PENDING   the hits of the request's earlier limits on the same counter
   S_FIRST     the first limit counted on it
   S_PREFIX    its fields' prefix
+  S_DIRTY     whether 'save' has something to write (what the operations
+              kept back until every one was done)
 ]]
 
 -- What an algorithm's function is asked: alg(op, st, l, x), where `st` is

@@ -13,7 +13,6 @@ written once per call, whatever changed them ('save').
   SL_TIMES        the entries' times, oldest first (a table)
   SL_HITS         their hits (a table)
   SL_TOTAL        the sum of SL_HITS
-  SL_DIRTY        whether the entries must be written
 ]]
 
 --[[ layout log_fields: the name 'new' appends to the key's HMGET, from the
@@ -41,7 +40,7 @@ sliding_log = uses_log and function(op, st, l, x)
         times[#times + 1], hits[#hits + 1] = t, h
         total = total + h
       else
-        st[SL_DIRTY] = true
+        st[S_DIRTY] = true
       end
     end
     st[SL_TOTAL] = total
@@ -59,7 +58,7 @@ sliding_log = uses_log and function(op, st, l, x)
     local times, hits = st[SL_TIMES], st[SL_HITS]
     while st[SL_TOTAL] > st[SL_LIMIT] and #times > 0 do
       local excess = st[SL_TOTAL] - st[SL_LIMIT]
-      st[SL_DIRTY] = true
+      st[S_DIRTY] = true
       if hits[1] <= excess then
         st[SL_TOTAL] = st[SL_TOTAL] - hits[1]
         table.remove(times, 1)
@@ -82,7 +81,7 @@ sliding_log = uses_log and function(op, st, l, x)
     else
       times[last + 1], counts[last + 1] = now, hits
     end
-    st[SL_TOTAL], st[SL_DIRTY] = st[SL_TOTAL] + hits, true
+    st[SL_TOTAL], st[S_DIRTY] = st[SL_TOTAL] + hits, true
     return t, times[#times] + st[SL_DURATION]
   elseif op == 'give' then
     sliding_log('trim', st) -- as Rust's refund reads the log first
@@ -95,7 +94,7 @@ sliding_log = uses_log and function(op, st, l, x)
         times[last], hits[last] = nil, nil
       end
     end
-    st[SL_DIRTY] = true
+    st[S_DIRTY] = true
     return st[SL_TOTAL]
   elseif op == 'report' then
     local reset = (st[SL_TIMES][1] or now) + st[SL_DURATION] - now
@@ -118,8 +117,8 @@ sliding_log = uses_log and function(op, st, l, x)
     k[K_READS] = n + SLF_ENTRIES -- its last field
     return {
       [S_ALG] = sliding_log, [S_KEY] = k, [S_AT] = n, [S_USED] = 0, [S_PENDING] = 0,
-      [S_FIRST] = 0, [S_PREFIX] = x, [SL_DURATION] = l[L_DURATION], [SL_LIMIT] = l[L_REQUESTS],
-      [SL_TIMES] = {}, [SL_HITS] = {}, [SL_TOTAL] = 0, [SL_DIRTY] = false,
+      [S_FIRST] = 0, [S_PREFIX] = x, [S_DIRTY] = false, [SL_DURATION] = l[L_DURATION],
+      [SL_LIMIT] = l[L_REQUESTS], [SL_TIMES] = {}, [SL_HITS] = {}, [SL_TOTAL] = 0,
     }
   elseif op == 'prefix' then
     return st .. (l == '1' and ':c:' or ':l:')

@@ -138,7 +138,7 @@ token_bucket = uses_bucket and function(op, st, l, x)
     k[K_READS] = n + TBF_REST -- its last field
     return {
       [S_ALG] = token_bucket, [S_KEY] = k, [S_AT] = n, [S_USED] = 0, [S_PENDING] = 0,
-      [S_FIRST] = 0, [S_PREFIX] = x, [TB_BURST] = ARGV[l[L_ARG] + 3] + 0,
+      [S_FIRST] = 0, [S_PREFIX] = x, [S_DIRTY] = false, [TB_BURST] = ARGV[l[L_ARG] + 3] + 0,
       [TB_ARRIVAL] = 0, [TB_REST] = 0,
     }
   elseif op == 'prefix' then
