@@ -67,6 +67,10 @@ local uses_bucket = algs:find('2', 1, true) ~= nil
   Q_PRECISION   P
   Q_REQUESTS    the limit's requests
   Q_INSIDE      the ms of bucket Q_OLDEST still inside the window
+  Q_UNTIL       until when a HASH whose newest bucket is Q_CUR must live
+  Q_X           the text of "x" when its expiry moves for that (clock.lua)
+  Q_EXPIRE      the command that moves it there
+  Q_TTL         and its argument
 ]]
 
 -- The limits, by the number the runs name them with, each one's
@@ -83,9 +87,13 @@ for j = 1, ARGV[3] + 0 do
   if code == '0' then
     local d, p, f = l[L_DURATION], ARGV[a + 3] + 0, sliding_window('prefix', ARGV[a + 1], ARGV[a + 3])
     local oldest, cur = floor((now - d) / p), floor(now / p)
+    local until_ms = (cur + 1) * p + d
+    local at, x = moved_to(until_ms)
+    local command, ttl = expire_command(at, x)
     quick[j] = {
       [Q_MARKS] = f .. 'm', [Q_CUR_NAME] = f .. fmt('%d', cur), [Q_OLDEST] = oldest, [Q_CUR] = cur,
       [Q_DURATION] = d, [Q_PRECISION] = p, [Q_REQUESTS] = l[L_REQUESTS], [Q_INSIDE] = (oldest + 1) * p - (now - d),
+      [Q_UNTIL] = until_ms, [Q_X] = x, [Q_EXPIRE] = command, [Q_TTL] = ttl,
     }
   end
   a = a + 4
@@ -99,9 +107,10 @@ local size = #packed / 8 + 2 * #KEYS
 local reply, r, p = { unpack(KEYS, 1, size) }, 0, 1
 
 -- The quick path's locals: the quick record of the limit whose run came
--- last (runs of one limit follow each other), and the HSET's arguments.
-local q_at, q_marks, q_cur_name, oldest, cur, d, prec, requests, inside
-local hset = { false, false, false, false, false, false }
+-- last (runs of one limit follow each other), and struct's two functions
+-- (a global's field is two table lookups a use, a local none).
+local q_at, q_marks, q_cur_name, oldest, cur, d, prec, requests, inside, q_until, q_x, q_expire, q_ttl
+local pack, unpack_doubles = struct.pack, struct.unpack
 
 -- The quick path's counts as the HASH holds them, remembered for the call:
 -- its decisions mostly write the same few (small counts), and a table
@@ -184,12 +193,12 @@ for i = 1, #KEYS do
   if q then
     if q ~= q_at then
       q_at = q
-      q_marks, q_cur_name, oldest, cur, d, prec, requests, inside = unpack(q)
+      q_marks, q_cur_name, oldest, cur, d, prec, requests, inside, q_until, q_x, q_expire, q_ttl = unpack(q)
     end
     v = call('HMGET', key, 'x', q_marks)
     local t, o, high, low_hits, high_hits = 0, cur, cur, 0, 0
     if v[2] then
-      t, o, high, low_hits, high_hits = struct.unpack('<ddddd', v[2])
+      t, o, high, low_hits, high_hits = unpack_doubles('<ddddd', v[2])
       if t == 0 then
         o, high, low_hits, high_hits = cur, cur, 0, 0 -- refunded to nothing: empty
       end
@@ -212,21 +221,19 @@ for i = 1, #KEYS do
           reply[at] = 1
         end
       end
-      local slot, until_ms, w = -1, 0, 0
+      local slot, until_ms, count, marks = -1, 0, nil, nil
       local hits = counted > 0 and min(counted, MAX_HITS - t) or 0
       if hits > 0 then
         slot = cur
         local c = (high == cur and high_hits or 0) + hits
         if t == 0 or high ~= cur then
-          until_ms = (cur + 1) * prec + d -- a new newest bucket: the HASH lives on
+          until_ms = q_until -- a new newest bucket: the HASH lives on
         end
         if o == cur then
           low_hits = c -- one bucket is both
         end
         t = t + hits
-        hset[1], hset[2], hset[3] = q_cur_name, text_of[c] or text(c), q_marks
-        hset[4] = struct.pack('<ddddd', t, o, cur, low_hits, c)
-        w = 4
+        count, marks = text_of[c] or text(c), pack('<ddddd', t, o, cur, low_hits, c)
       end
       -- 'report'.
       local reset, full = 0, 0
@@ -252,16 +259,11 @@ for i = 1, #KEYS do
       end
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, reset, full, slot
       -- The writes.
-      local at, text
-      if until_ms > 0 then
-        at, text = expiry(until_ms, v[1])
-      end
-      if at then
-        hset[w + 1], hset[w + 2] = 'x', text
-        call('HSET', key, unpack(hset, 1, w + 2))
-        expire(key, at, text)
-      elseif w > 0 then
-        call('HSET', key, unpack(hset, 1, w))
+      if moves(until_ms, v[1]) then
+        call('HSET', key, q_cur_name, count, q_marks, marks, 'x', q_x)
+        call(q_expire, key, q_ttl)
+      elseif count then
+        call('HSET', key, q_cur_name, count, q_marks, marks)
       end
       v = nil
     end
