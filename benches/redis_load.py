@@ -136,12 +136,14 @@ def main():
                 # One call carrying them all, as the store sends batch.lua:
                 # now, the algorithm codes, the one limit, then the runs
                 # packed (little-endian doubles): per key the
-                # limit's number, one request and its weight.
+                # limit's number, one request and its weight; and
+                # the reply's format (five values per key).
                 keys = [key for key, _, _ in batch]
                 _, now, limit = batch[0]
                 runs = struct.pack("<%dd" % (3 * len(keys)), *[1] * (3 * len(keys)))
+                formats = "<" + "d" * (5 * len(keys))
                 code = str(limit[2])
-                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, code, 1, *limit, runs))
+                c.sendall(resp("EVALSHA", a.pattern[1], len(keys), *keys, now, code, 1, *limit, runs, formats))
                 pending.append((f, 1))
             elif batch:
                 c.sendall(b"".join(batch))

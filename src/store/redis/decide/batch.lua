@@ -18,12 +18,15 @@ ARGV[2]   the algorithm codes the runs use ("0", "02", ...: 0 sliding
 ARGV[3]   how many distinct limits the runs count on; then each limit once,
           as decide.lua takes a limit (requests, duration_ms, algorithm,
           param).
-Last, the runs, packed in one string of little-endian doubles: per run its
+Then the runs, packed in one string of little-endian doubles: per run its
 limit (1 for the first listed, ...), n, and the n requests' weights. (Three
 arguments a request cost Redis a string to make and intern and a slot of
 ARGV to fill, and this script a number to parse: struct.unpack makes them
 numbers at once, in one table; a double with less work than an 8-byte
-integer.)
+integer.) Last, the reply's struct format, '<' and a 'd' per value (two
+more per run than the runs have), whose start is the runs' format (Lua's
+string.rep makes such a string a byte at a time; Redis takes an argument
+with a copy).
 
 Each run is decided as decide.lua decides one coalesced call: each request
 in turn, as if every earlier admitted one were counted (what separate calls
@@ -98,8 +101,8 @@ for j = 1, ARGV[3] + 0 do
   end
   a = a + 4
 end
-local packed = ARGV[a]
-local runs = { struct.unpack('<' .. string.rep('d', #packed / 8), packed) }
+local packed, formats = ARGV[a], ARGV[a + 1]
+local runs = { struct.unpack(formats:sub(1, 1 + #packed / 8), packed) }
 
 -- Runs take 2 values and answer 4 besides one per request: the reply has
 -- #packed / 8 + 2 * #KEYS values, its slots made at once.
@@ -273,4 +276,4 @@ for i = 1, #KEYS do
   end
   r, p = r + 4 + n, p + 2 + n
 end
-return struct.pack('<' .. string.rep('d', size), unpack(reply, 1, size))
+return pack(formats, unpack(reply, 1, size))
