@@ -91,7 +91,7 @@ for j = 1, ARGV[3] + 0 do
     local d, p, f = l[L_DURATION], ARGV[a + 3] + 0, sliding_window('prefix', ARGV[a + 1], ARGV[a + 3])
     local oldest, cur = floor((now - d) / p), floor(now / p)
     local until_ms = (cur + 1) * p + d
-    local at, x = moved_to(until_ms)
+    local at, x = expiry(until_ms, false)
     local command, ttl = expire_command(at, x)
     quick[j] = {
       [Q_MARKS] = f .. 'm', [Q_CUR_NAME] = f .. fmt('%d', cur), [Q_OLDEST] = oldest, [Q_CUR] = cur,
@@ -178,7 +178,8 @@ local function general_run(key, l, p, n, r, v)
     call('HSET', key, unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
   end
   if at then
-    expire(key, at, text)
+    local command, arg = expire_command(at, text)
+    call(command, key, arg)
   end
 end
 
@@ -262,7 +263,7 @@ for i = 1, #KEYS do
       end
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, reset, full, slot
       -- The writes.
-      if moves(until_ms, v[1]) then
+      if until_ms > 0 and until_ms + 1000 > (v[1] or 0) + 0 then -- expiry's test
         call('HSET', key, q_cur_name, count, q_marks, marks, 'x', q_x)
         call(q_expire, key, q_ttl)
       elseif count then

@@ -18,33 +18,22 @@ end
 -- as far again, so that a counter that keeps getting hits moves it about
 -- once per half window rather than with every new bucket (a PEXPIRE costs
 -- as much as an HSET): an idle HASH lives at most half its longest window
--- longer than it must. `moves` says whether it must move; `moved_to` where
--- to (the new expiry and its text, for "x"); `expiry` both: nil when it
--- need not move.
-local function moves(until_ms, stored)
-  return until_ms > 0 and until_ms + 1000 > (stored or 0) + 0
-end
-local function moved_to(until_ms)
-  local at = until_ms + 1000 + floor((until_ms - now) / 2)
-  return at, fmt('%d', at)
-end
+-- longer than it must. Returns the new expiry and its text (for "x"), or
+-- nil when it need not move.
 local function expiry(until_ms, stored)
-  if moves(until_ms, stored) then
-    return moved_to(until_ms)
+  if until_ms > 0 and until_ms + 1000 > (stored or 0) + 0 then
+    local at = until_ms + 1000 + floor((until_ms - now) / 2)
+    return at, fmt('%d', at)
   end
 end
 
 -- The command that moves a HASH's expiry to `at` (`text` formatted), and its
--- argument; run after the HASH's HSET (a PEXPIRE on a key that does not exist
--- yet does nothing).
+-- argument (`call(command, key, arg)`); run after the HASH's HSET (a PEXPIRE
+-- on a key that does not exist yet does nothing).
 local function expire_command(at, text)
   if ARGV[1] == '' then
     -- Redis's clock is the script's: the time "x" holds is the expiry.
     return 'PEXPIREAT', text
   end
   return 'PEXPIRE', fmt('%d', at - now)
-end
-local function expire(key, at, text)
-  local command, arg = expire_command(at, text)
-  call(command, key, arg)
 end

@@ -315,7 +315,8 @@ for i = 1, #KEYS do
       call('HSET', k[K_NAME], unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
     end
     if at then
-      expire(k[K_NAME], at, text)
+      local command, arg = expire_command(at, text)
+      call(command, k[K_NAME], arg)
     end
   end
 end
