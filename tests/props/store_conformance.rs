@@ -683,6 +683,24 @@ mod cases {
         assert_eq!(used(s, "b", l).await, 0);
     }
 
+    /// `first` hits on `name` in bucket 0 of a sliding window of 9 a second
+    /// in 100 ms buckets, two in bucket 2, then bucket 2 refunded: the
+    /// bucket below the newest is left the newest. Returns the limit.
+    async fn newest_bucket_refunded<S: CounterStore>(
+        s: &S,
+        c: &ManualClock,
+        name: &str,
+        first: u64,
+    ) -> LimitSpec {
+        let l = sliding(9, 1_000, 100);
+        c.set(T0 + 50);
+        apply(s, vec![item(name, &[l], first, Enforce)]).await;
+        c.set(T0 + 250);
+        apply(s, vec![item(name, &[l], 2, Enforce)]).await;
+        apply(s, vec![refund(name, &[l], 2)]).await;
+        l
+    }
+
     /// A refund that empties the newest bucket leaves the bucket below it
     /// the newest: a clock behind the emptied one (but past the one left)
     /// adds to a bucket of its own, whose hits leave the window with it.
@@ -690,12 +708,7 @@ mod cases {
         s: &S,
         c: &ManualClock,
     ) {
-        let l = sliding(9, 1_000, 100);
-        c.set(T0 + 50);
-        apply(s, vec![item("r", &[l], 1, Enforce)]).await; // bucket 0
-        c.set(T0 + 250);
-        apply(s, vec![item("r", &[l], 2, Enforce)]).await; // bucket 2
-        apply(s, vec![refund("r", &[l], 2)]).await; // bucket 2 emptied
+        let l = newest_bucket_refunded(s, c, "r", 1).await;
         c.set(T0 + 150);
         apply(s, vec![item("r", &[l], 3, Enforce)]).await; // bucket 1
         c.set(T0 + 1_150);
@@ -717,12 +730,7 @@ mod cases {
         s: &S,
         c: &ManualClock,
     ) {
-        let l = sliding(9, 1_000, 100);
-        c.set(T0 + 50);
-        apply(s, vec![item("q", &[l], 3, Enforce)]).await; // bucket 0
-        c.set(T0 + 250);
-        apply(s, vec![item("q", &[l], 2, Enforce)]).await; // bucket 2
-        apply(s, vec![refund("q", &[l], 2)]).await; // bucket 2 emptied
+        let l = newest_bucket_refunded(s, c, "q", 3).await;
         let o = apply(s, vec![refund("q", &[l], 1)]).await;
         assert_eq!(o.limits[0].used, 2, "the second refund takes from bucket 0");
         c.set(T0 + 60);
