@@ -202,7 +202,7 @@ for i = 1, #KEYS do
     v = call('HMGET', key, 'x', q_marks)
     local t, o, high, low_hits, high_hits = 0, cur, cur, 0, 0
     if v[2] then
-      t, o, high, low_hits, high_hits = unpack_doubles('<ddddd', v[2])
+      t, o, high, low_hits, high_hits = unpack_doubles(MARKERS, v[2])
       if t == 0 then
         o, high, low_hits, high_hits = cur, cur, 0, 0 -- refunded to nothing: empty
       end
@@ -237,7 +237,7 @@ for i = 1, #KEYS do
           low_hits = c -- one bucket is both
         end
         t = t + hits
-        count, marks = text_of[c] or text(c), pack('<ddddd', t, o, cur, low_hits, c)
+        count, marks = text_of[c] or text(c), pack(MARKERS, t, o, cur, low_hits, c)
       end
       -- 'report'.
       local reset, full = 0, 0

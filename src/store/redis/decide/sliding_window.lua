@@ -31,6 +31,10 @@ by 'save', whatever changed them.
                   string.format costs more than the arithmetic)
 ]]
 
+-- The markers' struct format (see above): batch.lua's quick path reads and
+-- writes them with it too.
+local MARKERS = '<ddddd'
+
 -- Built only when the request names this algorithm. What the common path
 -- does not use is reached through its global, not captured: every upvalue
 -- a function captures costs on every call (see prelude.lua). The ops are
@@ -41,7 +45,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     local oldest, marks = st[SW_OLDEST], x[st[S_AT] + 1]
     local t, o, n, low_hits, high_hits = 0, false, false, 0, 0
     if marks then
-      t, o, n, low_hits, high_hits = struct.unpack('<ddddd', marks)
+      t, o, n, low_hits, high_hits = struct.unpack(MARKERS, marks)
       if t == 0 then
         o, n = false, false -- refunded to nothing: empty, whatever they say
       end
@@ -142,7 +146,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     end
     return reset, 0
   elseif op == 'save' then
-    write(st[S_KEY], st[S_PREFIX] .. 'm', struct.pack('<ddddd', st[SW_TOTAL], st[SW_LOW], st[SW_HIGH], st[SW_LOW_HITS],
+    write(st[S_KEY], st[S_PREFIX] .. 'm', struct.pack(MARKERS, st[SW_TOTAL], st[SW_LOW], st[SW_HIGH], st[SW_LOW_HITS],
       st[SW_HIGH_HITS]))
   elseif op == 'new' then
     local k, d = st, l[L_DURATION]
@@ -239,7 +243,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     if not (v[1] and v[2]) then
       return 0
     end
-    local t, o, n, low_hits, high_hits = struct.unpack('<ddddd', v[2])
+    local t, o, n, low_hits, high_hits = struct.unpack(MARKERS, v[2])
     local c = v[1] + 0
     local take = math.min(c, hits)
     c, t = c - take, t - take
@@ -273,7 +277,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
         end
       end
     end
-    redis.call('HSET', key, f .. 'm', struct.pack('<ddddd', t, o, n, low_hits, high_hits))
+    redis.call('HSET', key, f .. 'm', struct.pack(MARKERS, t, o, n, low_hits, high_hits))
     return 1
   end
 end
