@@ -8,6 +8,11 @@
 //! window and the token bucket, which share the calls, take the general
 //! path.
 //!
+//! The HASH's expiry beside them: a sliding window's markers keep until when
+//! the HASH lives, so that the quick path reads "x" only when a new bucket
+//! needs more; the last test holds it to the HASH's TTL, which a short window
+//! must never bring below what a long one of the same identity needs.
+//!
 //! A step's requests are held while the call of a first request is in
 //! flight (Redis stopped), so that they share the next call; each names a
 //! different counter (identity and window: limits of one window count on
@@ -103,7 +108,7 @@ async fn shared_call(
     redis: &RedisServer,
     store: &Arc<RedisStore>,
     first: BatchItem,
-    requests: &[Request],
+    requests: Vec<BatchItem>,
 ) -> (BatchOutcome, Vec<BatchOutcome>) {
     let send = |item: BatchItem| {
         let store = store.clone();
@@ -116,10 +121,11 @@ async fn shared_call(
         waiting: 0,
     };
     wait_for(store, in_flight).await;
-    let sent: Vec<_> = requests.iter().map(|&r| send(item(r))).collect();
+    let waiting = requests.len();
+    let sent: Vec<_> = requests.into_iter().map(send).collect();
     let queued = Coalescing {
         counters: 1,
-        waiting: requests.len(),
+        waiting,
     };
     wait_for(store, queued).await;
     redis.resume();
@@ -159,7 +165,8 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
                 prop_assert_eq!(actual, expected, "refund {:?}, {}", refund, at);
             }
             let calls = support::redis::command_calls(redis.port(), "evalsha");
-            let (actual_first, actual) = shared_call(&redis, &store, first(), &step.shared).await;
+            let shared = step.shared.iter().map(|&r| item(r)).collect();
+            let (actual_first, actual) = shared_call(&redis, &store, first(), shared).await;
             let calls = support::redis::command_calls(redis.port(), "evalsha") - calls;
             prop_assert_eq!(
                 calls,
@@ -186,4 +193,106 @@ proptest! {
     ) {
         run(&steps)?;
     }
+}
+
+#[test]
+fn a_short_window_never_brings_the_expiry_a_long_one_needs_closer() {
+    // An hour in minutes and a second in tenths on each identity's HASH (the
+    // limits of an identity share it), the short one decided by batch.lua
+    // (sharing a call), the long one alone. "long first": the short window's
+    // quick path finds "x" far enough once, and then trusts its markers.
+    // "short first": its markers hold its own short expiry when the long
+    // window moves "x" on, so at its next bucket its quick path must read
+    // "x" again. "short first, then gone": the same when its next call takes
+    // the general path (every bucket has left its window).
+    let (long, short) = (sliding(100, 3_600_000, 60_000), sliding(100, 1_000, 100));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let redis = RedisServer::start();
+        let clock = Arc::new(ManualClock::new(support::T0 + 60_037));
+        let prefix = support::unique_prefix();
+        let timeout = Duration::from_secs(10);
+        let store = open_store_on(&redis.url(), &prefix, timeout, 1, clock.clone()).await;
+        let first = || support::enforcing(DOMAIN, "first", limits()[0], 1);
+        let alone = async |who: &str| {
+            let item = support::enforcing(DOMAIN, who, long, 1);
+            assert!(store.apply(&batch(item)).await.unwrap().admitted);
+        };
+        // The short window's decision, batched: how often its call read
+        // "x" (HGETs besides the one of its markers).
+        let shared = async |who: &str| {
+            let item = support::enforcing(DOMAIN, who, short, 1);
+            let hgets = support::redis::command_calls(redis.port(), "hget");
+            let (_, answers) = shared_call(&redis, &store, first(), vec![item]).await;
+            assert!(answers[0].admitted);
+            support::redis::command_calls(redis.port(), "hget") - hgets - 1
+        };
+        // The HASH of `who` lives an hour and a half more, as `long` asks
+        // (an hour and its last minute, then half as far again), by its
+        // TTL and by its "x".
+        let lives_on = |who: &str, at: &str| {
+            let key = support::enforcing(DOMAIN, who, long, 1)
+                .identity
+                .storage_key(&prefix);
+            let ttl = support::redis::query(redis.port(), &["PTTL", &key]);
+            let ttl = match ttl {
+                support::redis::Reply::Integer(ms) => ms,
+                other => panic!("{who} {at}: PTTL {other:?}"),
+            };
+            assert!(ttl > 5_000_000, "{who} {at}: PTTL {ttl}");
+            let x = support::redis::command(redis.port(), &["HGET", &key, "x"]);
+            let x: u64 = x.trim_matches('"').parse().expect("x is a time");
+            assert!(x > clock.now() + 5_000_000, "{who} {at}: x {x}");
+        };
+        let step = |ms: u64| clock.set(clock.now() + ms);
+
+        alone("long first").await;
+        assert_eq!(
+            shared("long first").await,
+            1,
+            "its markers are new: x is read"
+        );
+        lives_on("long first", "after the short window's first call");
+        step(300);
+        assert_eq!(
+            shared("long first").await,
+            0,
+            "its markers say x is far enough"
+        );
+        lives_on("long first", "at the short window's next bucket");
+
+        assert_eq!(shared("short first").await, 1, "a new HASH: x is read");
+        alone("short first").await;
+        lives_on("short first", "after the long window moved x");
+        // Past what its own expiry covered (it moved half as far again).
+        step(700);
+        assert_eq!(
+            shared("short first").await,
+            1,
+            "its markers fall short: x is read"
+        );
+        lives_on("short first", "at the short window's next bucket");
+        step(300);
+        assert_eq!(
+            shared("short first").await,
+            0,
+            "its markers now say x is far enough"
+        );
+
+        assert_eq!(shared("gone").await, 1, "a new HASH: x is read");
+        alone("gone").await;
+        step(2_000);
+        assert_eq!(shared("gone").await, 1, "its markers fall short: x is read");
+        lives_on("gone", "after the general path");
+        step(300);
+        assert_eq!(
+            shared("gone").await,
+            0,
+            "the markers the general path wrote say x is far enough"
+        );
+    });
 }

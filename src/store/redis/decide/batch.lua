@@ -71,7 +71,9 @@ local uses_bucket = algs:find('2', 1, true) ~= nil
   Q_REQUESTS    the limit's requests
   Q_INSIDE      the ms of bucket Q_OLDEST still inside the window
   Q_UNTIL       until when a HASH whose newest bucket is Q_CUR must live
-  Q_X           the text of "x" when its expiry moves for that (clock.lua)
+  Q_LIVES       until when it lives once its expiry moves for that
+                (clock.lua)
+  Q_X           and that time's text, for "x"
   Q_EXPIRE      the command that moves it there
   Q_TTL         and its argument
 ]]
@@ -91,12 +93,12 @@ for j = 1, ARGV[3] + 0 do
     local d, p, f = l[L_DURATION], ARGV[a + 3] + 0, sliding_window('prefix', ARGV[a + 1], ARGV[a + 3])
     local oldest, cur = floor((now - d) / p), floor(now / p)
     local until_ms = (cur + 1) * p + d
-    local at, x = expiry(until_ms, false)
-    local command, ttl = expire_command(at, x)
+    local lives, x = expiry(until_ms, false)
+    local command, ttl = expire_command(lives, x)
     quick[j] = {
       [Q_MARKS] = f .. 'm', [Q_CUR_NAME] = f .. fmt('%d', cur), [Q_OLDEST] = oldest, [Q_CUR] = cur,
       [Q_DURATION] = d, [Q_PRECISION] = p, [Q_REQUESTS] = l[L_REQUESTS], [Q_INSIDE] = (oldest + 1) * p - (now - d),
-      [Q_UNTIL] = until_ms, [Q_X] = x, [Q_EXPIRE] = command, [Q_TTL] = ttl,
+      [Q_UNTIL] = until_ms, [Q_LIVES] = lives, [Q_X] = x, [Q_EXPIRE] = command, [Q_TTL] = ttl,
     }
   end
   a = a + 4
@@ -112,7 +114,7 @@ local reply, r, p = { unpack(KEYS, 1, size) }, 0, 1
 -- The quick path's locals: the quick record of the limit whose run came
 -- last (runs of one limit follow each other), and struct's two functions
 -- (a global's field is two table lookups a use, a local none).
-local q_at, q_marks, q_cur_name, oldest, cur, d, prec, requests, inside, q_until, q_x, q_expire, q_ttl
+local q_in, q_marks, q_cur_name, oldest, cur, d, prec, requests, inside, q_until, q_lives, q_x, q_expire, q_ttl
 local pack, unpack_doubles = struct.pack, struct.unpack
 
 -- The quick path's counts as the HASH holds them, remembered for the call:
@@ -127,9 +129,11 @@ local function text(n)
 end
 
 -- Any run the quick path leaves: the algorithm's function decides it, on
--- records as decide.lua's single path makes them. `v` is the key's HMGET
--- reply when the quick path has read it (the same names in the same order).
-local function general_run(key, l, p, n, r, v)
+-- records as decide.lua's single path makes them. `marks` is the key's
+-- markers when the quick path has read them (a sliding window's, without
+-- "x": they say until when the HASH lives at least, and "x" is read only
+-- when that falls short).
+local function general_run(key, l, p, n, r, marks)
   local alg, before, k, st = alg_of[l], l[L_STATE], nil, nil
   -- Records as decide.lua's single path makes them (see prelude.lua: 16
   -- slots after K_FIELDS).
@@ -148,9 +152,9 @@ local function general_run(key, l, p, n, r, v)
     st = alg('new', k, l, alg('prefix', ARGV[l[L_ARG] + 1], ARGV[l[L_ARG] + 3]))
   end
   l[L_STATE] = st
-  v = v or call('HMGET', key, unpack(k, K_FIELDS, K_FIELDS - 1 + k[K_READS]))
-  k[K_STORED] = v[1]
+  local v = marks and { false, marks } or call('HMGET', key, unpack(k, K_FIELDS, K_FIELDS - 1 + k[K_READS]))
   local loaded = alg('load', st, nil, v)
+  k[K_STORED] = marks and st[SW_SEEN] or v[1]
   local used = loaded or alg('used', st, l)
   reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, 0, 0, -1
   local counted = in_turn(alg, st, l, loaded, 0, runs, p + 2, p + 1 + n, reply, r + 5)
@@ -162,23 +166,26 @@ local function general_run(key, l, p, n, r, v)
     end
   end
   reply[r + 2], reply[r + 3] = alg('report', st, l)
+  if marks and k[K_UNTIL] > 0 and k[K_UNTIL] + 1000 > k[K_STORED] then
+    k[K_STORED] = call('HGET', key, 'x') -- what the markers saw falls short (expiry's test)
+  end
+  local lives, text = expiry(k[K_UNTIL], k[K_STORED])
   if st[S_DIRTY] then
-    alg('save', st)
+    alg('save', st, nil, lives)
   end
 
   -- decide.lua's writes (see the end of driver.lua), for this key.
   if k[K_DELETES] then
     call('HDEL', key, unpack(k[K_DELETES]))
   end
-  local at, text = expiry(k[K_UNTIL], k[K_STORED])
-  if at then
+  if text then
     write(k, 'x', text)
   end
   if k[K_WRITES] > 0 then
     call('HSET', key, unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
   end
-  if at then
-    local command, arg = expire_command(at, text)
+  if text then
+    local command, arg = expire_command(lives, text)
     call(command, key, arg)
   end
 end
@@ -195,14 +202,14 @@ for i = 1, #KEYS do
   local key, j, n = KEYS[i], runs[p], runs[p + 1]
   local q, v = quick[j], nil
   if q then
-    if q ~= q_at then
-      q_at = q
-      q_marks, q_cur_name, oldest, cur, d, prec, requests, inside, q_until, q_x, q_expire, q_ttl = unpack(q)
+    if q ~= q_in then
+      q_in = q
+      q_marks, q_cur_name, oldest, cur, d, prec, requests, inside, q_until, q_lives, q_x, q_expire, q_ttl = unpack(q)
     end
-    v = call('HMGET', key, 'x', q_marks)
-    local t, o, high, low_hits, high_hits = 0, cur, cur, 0, 0
-    if v[2] then
-      t, o, high, low_hits, high_hits = unpack_doubles(MARKERS, v[2])
+    v = call('HGET', key, q_marks)
+    local t, o, high, low_hits, high_hits, seen = 0, cur, cur, 0, 0, 0
+    if v then
+      t, o, high, low_hits, high_hits, seen = unpack_doubles(MARKERS, v)
       if t == 0 then
         o, high, low_hits, high_hits = cur, cur, 0, 0 -- refunded to nothing: empty
       end
@@ -225,19 +232,26 @@ for i = 1, #KEYS do
           reply[at] = 1
         end
       end
-      local slot, until_ms, count, marks = -1, 0, nil, nil
+      local slot, moves, count, marks = -1, false, nil, nil
       local hits = counted > 0 and min(counted, MAX_HITS - t) or 0
       if hits > 0 then
         slot = cur
         local c = (high == cur and high_hits or 0) + hits
-        if t == 0 or high ~= cur then
-          until_ms = q_until -- a new newest bucket: the HASH lives on
+        if (t == 0 or high ~= cur) and q_until + 1000 > seen then
+          -- A new newest bucket the HASH may not live past (expiry's test
+          -- on what the markers saw): "x" says.
+          local x = call('HGET', key, 'x')
+          if q_until + 1000 > (x or 0) + 0 then
+            moves, seen = true, q_lives
+          else
+            seen = x
+          end
         end
         if o == cur then
           low_hits = c -- one bucket is both
         end
         t = t + hits
-        count, marks = text_of[c] or text(c), pack(MARKERS, t, o, cur, low_hits, c)
+        count, marks = text_of[c] or text(c), pack(MARKERS, t, o, cur, low_hits, c, seen)
       end
       -- 'report'.
       local reset, full = 0, 0
@@ -263,7 +277,7 @@ for i = 1, #KEYS do
       end
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, reset, full, slot
       -- The writes.
-      if until_ms > 0 and until_ms + 1000 > (v[1] or 0) + 0 then -- expiry's test
+      if moves then
         call('HSET', key, q_cur_name, count, q_marks, marks, 'x', q_x)
         call(q_expire, key, q_ttl)
       elseif count then

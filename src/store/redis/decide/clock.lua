@@ -18,13 +18,15 @@ end
 -- as far again, so that a counter that keeps getting hits moves it about
 -- once per half window rather than with every new bucket (a PEXPIRE costs
 -- as much as an HSET): an idle HASH lives at most half its longest window
--- longer than it must. Returns the new expiry and its text (for "x"), or
--- nil when it need not move.
+-- longer than it must. Returns until when it lives once the call has
+-- written (its "x" then, a number or `stored`: what a sliding window's
+-- 'save' keeps) and, when it must move, that time's text (for "x").
 local function expiry(until_ms, stored)
   if until_ms > 0 and until_ms + 1000 > (stored or 0) + 0 then
     local at = until_ms + 1000 + floor((until_ms - now) / 2)
     return at, fmt('%d', at)
   end
+  return stored or 0 -- parsed only where it is used
 end
 
 -- The command that moves a HASH's expiry to `at` (`text` formatted), and its

@@ -234,7 +234,7 @@ if single then
     reply[R_RESET_BEFORE], reply[R_FULL_BEFORE] = reset_before or reset, full_before or full
   end
   if st[S_DIRTY] then
-    alg('save', st)
+    alg('save', st, nil, (expiry(only[K_UNTIL], only[K_STORED])))
   end
 else
   reply[R_APPLIED] = applied and 1 or 0
@@ -294,7 +294,7 @@ else
   for j = 1, nl do
     local st = limits[j][L_STATE]
     if st[S_FIRST] == j and st[S_DIRTY] then
-      st[S_ALG]('save', st)
+      st[S_ALG]('save', st, nil, (expiry(st[S_KEY][K_UNTIL], st[S_KEY][K_STORED])))
     end
   end
 end
@@ -308,13 +308,13 @@ for i = 1, #KEYS do
       call('HDEL', k[K_NAME], unpack(k[K_DELETES]))
     end
     local at, text = expiry(k[K_UNTIL], k[K_STORED])
-    if at then
+    if text then
       write(k, 'x', text)
     end
     if k[K_WRITES] > 0 then
       call('HSET', k[K_NAME], unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
     end
-    if at then
+    if text then
       local command, arg = expire_command(at, text)
       call(command, k[K_NAME], arg)
     end

@@ -3,9 +3,12 @@ ms over a window of D ms; the bucket straddling the window's start counts in
 proportion to the part of it still inside (rounded up).
 
 Fields (prefix "D:P:"): "D:P:<bucket>" hits of a non-empty bucket (bucket =
-time / P), and "D:P:m", the markers: five little-endian doubles
-(struct.pack '<ddddd') holding the buckets' sum, the oldest and the newest
-bucket, and the hits of those two. A decision reads the markers alone (the
+time / P), and "D:P:m", the markers: six little-endian doubles
+(struct.pack '<dddddd') holding the buckets' sum, the oldest and the newest
+bucket, the hits of those two, and until when the HASH lives at least (its
+"x" when the markers were last written: "x" only ever moves later, so
+batch.lua's quick path reads "x" only when a new bucket needs the HASH to
+live past that). A decision reads the markers alone (the
 buckets it needs are the oldest, straddling the window's start, and the
 newest, where it counts); another bucket is read only when buckets leave
 the window (once per bucket), the clock stepped back or a refund reaches
@@ -25,6 +28,7 @@ by 'save', whatever changed them.
   SW_HIGH         the newest stored bucket (false when empty)
   SW_LOW_HITS     the hits of bucket SW_LOW
   SW_HIGH_HITS    the hits of bucket SW_HIGH
+  SW_SEEN         until when the HASH lives at least (the markers' "x")
   SW_OTHERS       other buckets read: bucket -> hits (a table made when
                   needed)
   SW_CUR_NAME     the field of bucket SW_CUR (made once, with the state: a
@@ -33,7 +37,7 @@ by 'save', whatever changed them.
 
 -- The markers' struct format (see above): batch.lua's quick path reads and
 -- writes them with it too.
-local MARKERS = '<ddddd'
+local MARKERS = '<dddddd'
 
 -- Built only when the request names this algorithm. What the common path
 -- does not use is reached through its global, not captured: every upvalue
@@ -43,15 +47,15 @@ local sliding_window
 sliding_window = uses_sliding and function(op, st, l, x)
   if op == 'load' then
     local oldest, marks = st[SW_OLDEST], x[st[S_AT] + 1]
-    local t, o, n, low_hits, high_hits = 0, false, false, 0, 0
+    local t, o, n, low_hits, high_hits, seen = 0, false, false, 0, 0, 0
     if marks then
-      t, o, n, low_hits, high_hits = struct.unpack(MARKERS, marks)
+      t, o, n, low_hits, high_hits, seen = struct.unpack(MARKERS, marks)
       if t == 0 then
         o, n = false, false -- refunded to nothing: empty, whatever they say
       end
     end
     st[SW_TOTAL], st[SW_LOW], st[SW_HIGH], st[SW_LOW_HITS], st[SW_HIGH_HITS] = t, o, n, low_hits, high_hits
-    st[SW_OTHERS], st[S_DIRTY] = false, false
+    st[SW_SEEN], st[SW_OTHERS], st[S_DIRTY] = seen, false, false
     if t > 0 and o < oldest then
       -- Buckets o..n, some of which left the window: read the span once (at
       -- most one bucket per bucket of the window since the previous call),
@@ -147,7 +151,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     return reset, 0
   elseif op == 'save' then
     write(st[S_KEY], st[S_PREFIX] .. 'm', struct.pack(MARKERS, st[SW_TOTAL], st[SW_LOW], st[SW_HIGH], st[SW_LOW_HITS],
-      st[SW_HIGH_HITS]))
+      st[SW_HIGH_HITS], x))
   elseif op == 'new' then
     local k, d = st, l[L_DURATION]
     local p = ARGV[l[L_ARG] + 3] + 0
@@ -158,7 +162,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
       [S_ALG] = sliding_window, [S_KEY] = k, [S_AT] = n, [S_USED] = 0, [S_PENDING] = 0,
       [S_FIRST] = 0, [S_PREFIX] = x, [S_DIRTY] = false, [SW_DURATION] = d, [SW_PRECISION] = p,
       [SW_OLDEST] = math.floor((now - d) / p), [SW_CUR] = cur, [SW_TOTAL] = 0, [SW_LOW] = false,
-      [SW_HIGH] = false, [SW_LOW_HITS] = 0, [SW_HIGH_HITS] = 0, [SW_OTHERS] = false,
+      [SW_HIGH] = false, [SW_LOW_HITS] = 0, [SW_HIGH_HITS] = 0, [SW_SEEN] = 0, [SW_OTHERS] = false,
       [SW_CUR_NAME] = x .. fmt('%d', cur),
     }
   elseif op == 'count' then
@@ -243,7 +247,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     if not (v[1] and v[2]) then
       return 0
     end
-    local t, o, n, low_hits, high_hits = struct.unpack(MARKERS, v[2])
+    local t, o, n, low_hits, high_hits, seen = struct.unpack(MARKERS, v[2])
     local c = v[1] + 0
     local take = math.min(c, hits)
     c, t = c - take, t - take
@@ -277,7 +281,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
         end
       end
     end
-    redis.call('HSET', key, f .. 'm', struct.pack(MARKERS, t, o, n, low_hits, high_hits))
+    redis.call('HSET', key, f .. 'm', struct.pack(MARKERS, t, o, n, low_hits, high_hits, seen))
     return 1
   end
 end
