@@ -166,26 +166,28 @@ local function general_run(key, l, p, n, r, marks)
     end
   end
   reply[r + 2], reply[r + 3] = alg('report', st, l)
+  local x = false
   if marks and k[K_UNTIL] > 0 and k[K_UNTIL] + 1000 > k[K_STORED] then
-    k[K_STORED] = call('HGET', key, 'x') -- what the markers saw falls short (expiry's test)
+    x = call('HGET', key, 'x') -- what the markers saw falls short (expiry's test)
+    k[K_STORED] = x
   end
-  local lives, text = expiry(k[K_UNTIL], k[K_STORED])
+  local at, text = expiry(k[K_UNTIL], k[K_STORED])
   if st[S_DIRTY] then
-    alg('save', st, nil, lives)
+    alg('save', st, nil, at or x)
   end
 
   -- decide.lua's writes (see the end of driver.lua), for this key.
   if k[K_DELETES] then
     call('HDEL', key, unpack(k[K_DELETES]))
   end
-  if text then
+  if at then
     write(k, 'x', text)
   end
   if k[K_WRITES] > 0 then
     call('HSET', key, unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
   end
-  if text then
-    local command, arg = expire_command(lives, text)
+  if at then
+    local command, arg = expire_command(at, text)
     call(command, key, arg)
   end
 end
@@ -233,7 +235,10 @@ for i = 1, #KEYS do
         end
       end
       local slot, moves, count, marks = -1, false, nil, nil
-      local hits = counted > 0 and min(counted, MAX_HITS - t) or 0
+      local hits = counted
+      if hits > MAX_HITS - t then
+        hits = MAX_HITS - t -- (math.min is a C call: this is a compare)
+      end
       if hits > 0 then
         slot = cur
         local c = (high == cur and high_hits or 0) + hits

@@ -233,9 +233,6 @@ if single then
   if not whole then
     reply[R_RESET_BEFORE], reply[R_FULL_BEFORE] = reset_before or reset, full_before or full
   end
-  if st[S_DIRTY] then
-    alg('save', st, nil, (expiry(only[K_UNTIL], only[K_STORED])))
-  end
 else
   reply[R_APPLIED] = applied and 1 or 0
   -- Pass 2: count everything, or nothing, and report. Two phases, in request
@@ -289,14 +286,6 @@ else
       end
     end
   end
-
-  -- What a state kept back until every operation was done.
-  for j = 1, nl do
-    local st = limits[j][L_STATE]
-    if st[S_FIRST] == j and st[S_DIRTY] then
-      st[S_ALG]('save', st, nil, (expiry(st[S_KEY][K_UNTIL], st[S_KEY][K_STORED])))
-    end
-  end
 end
 
 -- Write: at most one HDEL, one HSET and one PEXPIRE(AT) per key (when and
@@ -304,17 +293,31 @@ end
 for i = 1, #KEYS do
   local k = single and only or items[i][I_KEY]
   if k[K_FIRST] == i then -- once per key
+    local at, text = expiry(k[K_UNTIL], k[K_STORED])
+    -- What its states kept back until every operation was done (given
+    -- where the expiry moves; a 'save' may delete as well as write).
+    if single then
+      if one_st[S_DIRTY] then
+        one_alg('save', one_st, nil, at)
+      end
+    else
+      for j = 1, nl do
+        local st = limits[j][L_STATE]
+        if st[S_FIRST] == j and st[S_KEY] == k and st[S_DIRTY] then
+          st[S_ALG]('save', st, nil, at)
+        end
+      end
+    end
     if k[K_DELETES] then
       call('HDEL', k[K_NAME], unpack(k[K_DELETES]))
     end
-    local at, text = expiry(k[K_UNTIL], k[K_STORED])
-    if text then
+    if at then
       write(k, 'x', text)
     end
     if k[K_WRITES] > 0 then
       call('HSET', k[K_NAME], unpack(k, K_FIELDS + k[K_READS], K_FIELDS - 1 + k[K_READS] + k[K_WRITES]))
     end
-    if text then
+    if at then
       local command, arg = expire_command(at, text)
       call(command, k[K_NAME], arg)
     end

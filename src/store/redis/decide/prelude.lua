@@ -149,8 +149,10 @@ local MAX_HITS, MAX_AHEAD = 9007199254740991, 4503599627370496
 --   'report' ms until headroom next grows, and ms during which no hit can
 --           fit (exact or shorter)
 --   'save'  writes what was kept back until every operation was done;
---           x = until when the HASH lives once the call has written (its
---           "x" then: see expiry in clock.lua)
+--           x = until when the HASH lives, where the call knows it
+--           without parsing "x" (where it moves the expiry, or "x" as
+--           batch.lua read it for that), or nil: a sliding window's markers
+--           keep it, or else what they held
 --   'undo'  refund.lua's: st = the key's name, l = the limit's place in
 --           refund.lua's ARGV, x = prefix: takes back the hits decide.lua
 --           counted in the slot it answered, as if they had never been

@@ -151,7 +151,7 @@ sliding_window = uses_sliding and function(op, st, l, x)
     return reset, 0
   elseif op == 'save' then
     write(st[S_KEY], st[S_PREFIX] .. 'm', struct.pack(MARKERS, st[SW_TOTAL], st[SW_LOW], st[SW_HIGH], st[SW_LOW_HITS],
-      st[SW_HIGH_HITS], x))
+      st[SW_HIGH_HITS], x or st[SW_SEEN]))
   elseif op == 'new' then
     local k, d = st, l[L_DURATION]
     local p = ARGV[l[L_ARG] + 3] + 0
