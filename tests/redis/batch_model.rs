@@ -137,7 +137,17 @@ async fn shared_call(
     (first, answers)
 }
 
-fn run(steps: &[Step]) -> Result<(), TestCaseError> {
+/// What each test here runs on: a `redis-server` of its own and a
+/// coalescing store on it under a fresh prefix, on a manual clock.
+struct Setup {
+    redis: RedisServer,
+    clock: Arc<ManualClock>,
+    prefix: String,
+    store: Arc<RedisStore>,
+}
+
+/// Runs `test` on a new [`Setup`], in a runtime of two worker threads.
+fn on_redis<T>(test: impl AsyncFnOnce(&Setup) -> T) -> T {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -149,8 +159,30 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         let prefix = support::unique_prefix();
         let timeout = Duration::from_secs(10);
         let store = open_store_on(&redis.url(), &prefix, timeout, 1, clock.clone()).await;
+        test(&Setup {
+            redis,
+            clock,
+            prefix,
+            store,
+        })
+        .await
+    })
+}
+
+/// The request whose call the others of a step wait for.
+fn first() -> BatchItem {
+    support::enforcing(DOMAIN, "first", limits()[0], 1)
+}
+
+fn run(steps: &[Step]) -> Result<(), TestCaseError> {
+    on_redis(async |setup: &Setup| {
+        let Setup {
+            redis,
+            clock,
+            store,
+            ..
+        } = setup;
         let memory = MemoryStore::new(&MemoryStoreConfig::default(), clock.clone());
-        let first = || support::enforcing(DOMAIN, "first", limits()[0], 1);
         for (i, step) in steps.iter().enumerate() {
             let now = clock.now().saturating_add_signed(step.clock_ms);
             clock.set(now);
@@ -166,7 +198,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
             }
             let calls = support::redis::command_calls(redis.port(), "evalsha");
             let shared = step.shared.iter().map(|&r| item(r)).collect();
-            let (actual_first, actual) = shared_call(&redis, &store, first(), shared).await;
+            let (actual_first, actual) = shared_call(redis, store, first(), shared).await;
             let calls = support::redis::command_calls(redis.port(), "evalsha") - calls;
             prop_assert_eq!(
                 calls,
@@ -206,18 +238,13 @@ fn a_short_window_never_brings_the_expiry_a_long_one_needs_closer() {
     // "x" again. "short first, then gone": the same when its next call takes
     // the general path (every bucket has left its window).
     let (long, short) = (sliding(100, 3_600_000, 60_000), sliding(100, 1_000, 100));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let redis = RedisServer::start();
-        let clock = Arc::new(ManualClock::new(support::T0 + 60_037));
-        let prefix = support::unique_prefix();
-        let timeout = Duration::from_secs(10);
-        let store = open_store_on(&redis.url(), &prefix, timeout, 1, clock.clone()).await;
-        let first = || support::enforcing(DOMAIN, "first", limits()[0], 1);
+    on_redis(async |setup: &Setup| {
+        let Setup {
+            redis,
+            clock,
+            prefix,
+            store,
+        } = setup;
         let alone = async |who: &str| {
             let item = support::enforcing(DOMAIN, who, long, 1);
             assert!(store.apply(&batch(item)).await.unwrap().admitted);
@@ -227,7 +254,7 @@ fn a_short_window_never_brings_the_expiry_a_long_one_needs_closer() {
         let shared = async |who: &str| {
             let item = support::enforcing(DOMAIN, who, short, 1);
             let hgets = support::redis::command_calls(redis.port(), "hget");
-            let (_, answers) = shared_call(&redis, &store, first(), vec![item]).await;
+            let (_, answers) = shared_call(redis, store, first(), vec![item]).await;
             assert!(answers[0].admitted);
             support::redis::command_calls(redis.port(), "hget") - hgets - 1
         };
@@ -237,7 +264,7 @@ fn a_short_window_never_brings_the_expiry_a_long_one_needs_closer() {
         let lives_on = |who: &str, at: &str| {
             let key = support::enforcing(DOMAIN, who, long, 1)
                 .identity
-                .storage_key(&prefix);
+                .storage_key(prefix);
             let ttl = support::redis::query(redis.port(), &["PTTL", &key]);
             let ttl = match ttl {
                 support::redis::Reply::Integer(ms) => ms,
