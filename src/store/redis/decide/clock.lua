@@ -19,14 +19,13 @@ end
 -- once per half window rather than with every new bucket (a PEXPIRE costs
 -- as much as an HSET): an idle HASH lives at most half its longest window
 -- and a second longer than it must. The time is rounded up to a whole
--- second, so that
--- the calls of one second write the same "x" and mostly the same markers:
--- Lua keeps one copy of equal strings, and a string it already holds costs
--- no allocation nor collection (callgrind, a call each: 1,400 instructions
--- fewer for the default sliding window, 1,400 more for a token bucket,
--- which moves its expiry on almost every call; see the benchmarks log).
--- Returns the new expiry and its text (for "x"), or nil when it need not
--- move.
+-- second, so that the calls of one second write the same "x" and mostly the
+-- same markers: Lua keeps one copy of equal strings, and a string it
+-- already holds costs no allocation nor collection (callgrind, a call each:
+-- 1,400 instructions fewer for the default sliding window, 1,400 more for
+-- a token bucket, which moves its expiry on almost every call; see the
+-- benchmarks log). Returns the new expiry and its text (for "x"), or nil
+-- when it need not move.
 local function expiry(until_ms, stored)
   if until_ms > 0 and until_ms + 1000 > (stored or 0) + 0 then
     local at = ceil((until_ms + 1000 + (until_ms - now) / 2) / 1000) * 1000

@@ -8,14 +8,14 @@ time / P), and "D:P:m", the markers: six little-endian doubles
 bucket, the hits of those two, and until when the HASH lives at least (its
 "x" when the markers were last written: "x" only ever moves later, so
 batch.lua's quick path reads "x" only when a new bucket needs the HASH to
-live past that). A decision reads the markers alone (the
-buckets it needs are the oldest, straddling the window's start, and the
-newest, where it counts); another bucket is read only when buckets leave
-the window (once per bucket), the clock stepped back or a refund reaches
-it. (One field of five numbers instead of five fields of one: Redis finds,
-returns and stores one field, the script makes one string and parses none;
-callgrind, see the benchmarks log.) The markers are written once per call,
-by 'save', whatever changed them.
+live past that). A decision reads the markers alone (the buckets it needs
+are the oldest, straddling the window's start, and the newest, where it
+counts); another bucket is read only when buckets leave the window (once
+per bucket), the clock stepped back or a refund reaches it. (One field of
+six numbers instead of six fields of one: Redis finds, returns and stores
+one field, the script makes one string and parses none; callgrind, see the
+benchmarks log.) The markers are written once per call, by 'save',
+whatever changed them.
 ]]
 
 --[[ layout sliding after state:
