@@ -295,7 +295,8 @@ fn a_short_window_never_brings_the_expiry_a_long_one_needs_closer() {
         assert_eq!(shared("short first").await, 1, "a new HASH: x is read");
         alone("short first").await;
         lives_on("short first", "after the long window moved x");
-        // Past what its own expiry covered (it moved half as far again).
+        // Past what its own expiry covered (half as far again, rounded up
+        // to a whole second).
         step(700);
         assert_eq!(
             shared("short first").await,

@@ -167,8 +167,8 @@ local function general_run(key, l, p, n, r, marks)
   end
   reply[r + 2], reply[r + 3] = alg('report', st, l)
   local x = false
-  if marks and k[K_UNTIL] > 0 and k[K_UNTIL] + 1000 > k[K_STORED] then
-    x = call('HGET', key, 'x') -- what the markers saw falls short (expiry's test)
+  if marks and expiry(k[K_UNTIL], k[K_STORED]) then
+    x = call('HGET', key, 'x') -- what the markers saw falls short
     k[K_STORED] = x
   end
   local at, text = expiry(k[K_UNTIL], k[K_STORED])
