@@ -261,7 +261,10 @@ impl<S: CounterStore> Limiter<S> {
     /// Decides `request`, counting it if admitted.
     pub async fn decide(&self, request: &Request) -> Result<Decision, DecideError> {
         self.bounds.check(request)?;
-        let loaded = self.loaded.load();
+        // Owned, not guards: both are held across the store's await, and
+        // a thread holding more guards than arc-swap's few fast slots (many
+        // requests waiting on Redis) takes its slow path for every load.
+        let loaded = self.loaded.load_full();
         let Some(domain) = loaded.rules.domain(&request.domain) else {
             return Ok(Decision {
                 admitted: true,
@@ -269,7 +272,7 @@ impl<S: CounterStore> Limiter<S> {
             });
         };
         let now = self.clock.now();
-        let overrides = self.overrides.load();
+        let overrides = self.overrides.load_full();
         let in_force = plan::Overrides {
             set: &overrides,
             now_ms: now,
