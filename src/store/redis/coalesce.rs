@@ -298,16 +298,15 @@ impl Coalescer {
                     return;
                 };
                 if queue.len() <= MOST_PER_CALL {
-                    std::mem::take(queue)
+                    // As many are likely to queue for the next call: room
+                    // for them now rather than growing as they come.
+                    let room = Vec::with_capacity(queue.len());
+                    std::mem::replace(queue, room)
                 } else {
                     queue.drain(..MOST_PER_CALL).collect()
                 }
             };
-            // Who stopped waiting before anything was sent is not sent, nor
-            // is who has waited out the timeout (told so here).
-            members.retain(|m| m.tell.as_ref().is_some_and(|t| !t.is_closed()));
-            let (timed_out, members, within) = due(members, Instant::now());
-            fail(timed_out, &StoreError::Timeout(self.calls.timeout));
+            let within = due(&mut members, Instant::now(), self.calls.timeout);
             if !members.is_empty() {
                 self.call(lane, members, within).await;
             }
@@ -363,14 +362,26 @@ fn deadline_after(timeout: Duration) -> Instant {
     now.checked_add(timeout).unwrap_or(now + CENTURY)
 }
 
-/// `members` split at `now`: those whose timeout has run out, and the
-/// others, with how long their call may wait (what is left of the earliest
-/// of their timeouts; zero when there are none).
-fn due(members: Vec<Waiter>, now: Instant) -> (Vec<Waiter>, Vec<Waiter>, Duration) {
-    let (timed_out, waiting): (Vec<_>, Vec<_>) =
-        members.into_iter().partition(|m| m.deadline <= now);
-    let within = waiting.iter().map(|m| m.deadline - now).min();
-    (timed_out, waiting, within.unwrap_or_default())
+/// Keeps those of `members` to send at `now`: not who stopped waiting, nor
+/// who has waited out its timeout (told so here, as `Timeout(timeout)`).
+/// How long their call may wait: what is left of the earliest of their
+/// timeouts (zero when none is kept).
+fn due(members: &mut Vec<Waiter>, now: Instant, timeout: Duration) -> Duration {
+    let mut within: Option<Duration> = None;
+    members.retain_mut(|m| {
+        let Some(tell) = m.tell.take_if(|t| !t.is_closed()) else {
+            return false;
+        };
+        if m.deadline <= now {
+            let _ = tell.send(Err(StoreError::Timeout(timeout)));
+            return false;
+        }
+        m.tell = Some(tell);
+        let left = m.deadline - now;
+        within = Some(within.map_or(left, |w| w.min(left)));
+        true
+    });
+    within.unwrap_or_default()
 }
 
 /// `members` in runs, one per counter (key and limit) in the order each
@@ -378,6 +389,11 @@ fn due(members: Vec<Waiter>, now: Instant) -> (Vec<Waiter>, Vec<Waiter>, Duratio
 fn in_runs(members: Vec<Waiter>) -> (Vec<Waiter>, Vec<usize>) {
     let mut lens: Vec<usize> = Vec::new();
     let run_of: Vec<usize> = {
+        // Each key's first run, found by the key alone (hashing the limit
+        // too cost more than the rest of the bookkeeping); a key seen
+        // before under another limit (rare: rules reloaded) is looked for
+        // among every run.
+        let mut firsts: Vec<&Waiter> = Vec::new();
         let mut first = HashMap::with_capacity_and_hasher(
             members.len(),
             foldhash::fast::RandomState::default(),
@@ -385,10 +401,20 @@ fn in_runs(members: Vec<Waiter>) -> (Vec<Waiter>, Vec<usize>) {
         members
             .iter()
             .map(|m| {
-                *first.entry(m.counter()).or_insert_with(|| {
+                let seen = *first.entry(m.request.key.as_str()).or_insert(firsts.len());
+                let run = if seen == firsts.len() || firsts[seen].counter() == m.counter() {
+                    seen
+                } else {
+                    firsts
+                        .iter()
+                        .position(|f| f.counter() == m.counter())
+                        .unwrap_or(firsts.len())
+                };
+                if run == firsts.len() {
+                    firsts.push(m);
                     lens.push(0);
-                    lens.len() - 1
-                })
+                }
+                run
             })
             .collect()
     };
