@@ -25,6 +25,8 @@
 #   LOADS      which loads, in order (default "uniform zipf hot")
 #   KEYS       identities of the uniform and Zipf loads (default 100000)
 #   SLUICE     the sluice binary       (default target/release/sluice)
+#   SLUICE_THREADS  the server's worker threads (TOKIO_WORKER_THREADS for it
+#              alone; default: one per CPU, as the binary has it)
 #   LIMITADOR  the limitador-server binary, built by
 #              benches/build-limitador.sh (default /tmp/limitador/target/release/limitador-server);
 #              when missing, Limitador's rows are left out
@@ -180,7 +182,10 @@ start_sluice() {
   local port=$1 redis=${2:-}
   local args=(serve --rules "$work/rules.yaml" --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)")
   [ -n "$redis" ] && args+=(--redis-url "$redis")
-  launch "$sluice" "${args[@]}" >"$work/sluice.log" 2>&1 &
+  (
+    [ -n "${SLUICE_THREADS:-}" ] && export TOKIO_WORKER_THREADS=$SLUICE_THREADS
+    launch "$sluice" "${args[@]}"
+  ) >"$work/sluice.log" 2>&1 &
   echo $!
 }
 
