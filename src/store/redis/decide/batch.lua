@@ -166,12 +166,13 @@ local function general_run(key, l, p, n, r, marks)
     end
   end
   reply[r + 2], reply[r + 3] = alg('report', st, l)
+  local at, text = expiry(k[K_UNTIL], k[K_STORED])
   local x = false
-  if marks and expiry(k[K_UNTIL], k[K_STORED]) then
+  if marks and at then
     x = call('HGET', key, 'x') -- what the markers saw falls short
     k[K_STORED] = x
+    at, text = expiry(k[K_UNTIL], x)
   end
-  local at, text = expiry(k[K_UNTIL], k[K_STORED])
   if st[S_DIRTY] then
     alg('save', st, nil, at or x)
   end
