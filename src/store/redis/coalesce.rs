@@ -369,14 +369,15 @@ fn deadline_after(timeout: Duration) -> Instant {
 fn due(members: &mut Vec<Waiter>, now: Instant, timeout: Duration) -> Duration {
     let mut within: Option<Duration> = None;
     members.retain_mut(|m| {
-        let Some(tell) = m.tell.take_if(|t| !t.is_closed()) else {
-            return false;
-        };
-        if m.deadline <= now {
-            let _ = tell.send(Err(StoreError::Timeout(timeout)));
+        if m.tell.as_ref().is_none_or(oneshot::Sender::is_closed) {
             return false;
         }
-        m.tell = Some(tell);
+        if m.deadline <= now {
+            if let Some(tell) = m.tell.take() {
+                let _ = tell.send(Err(StoreError::Timeout(timeout)));
+            }
+            return false;
+        }
         let left = m.deadline - now;
         within = Some(within.map_or(left, |w| w.min(left)));
         true
