@@ -41,6 +41,34 @@ fn shape(window: &Window) -> (i64, i64) {
 }
 
 impl SlidingWindow {
+    /// The counter a Redis HASH's markers describe (its oldest bucket and
+    /// hits, its newest bucket and hits, the hits of all its buckets: see
+    /// `sliding_window.lua`), as far as a decision within the window reads
+    /// it: the buckets between, never read by one, stand as one bucket
+    /// after the oldest. A `total` of 0 is an empty counter, whatever the
+    /// rest says (a refund emptied it).
+    pub fn from_markers(total: u64, oldest: (i64, u64), newest: (i64, u64)) -> Self {
+        if total == 0 {
+            return Self::default();
+        }
+        let mut buckets = VecDeque::with_capacity(3);
+        buckets.push_back(oldest);
+        if newest.0 > oldest.0 {
+            let between = total.saturating_sub(oldest.1).saturating_sub(newest.1);
+            if between > 0 && newest.0 > oldest.0 + 1 {
+                buckets.push_back((oldest.0 + 1, between));
+            }
+            buckets.push_back(newest);
+        }
+        Self { buckets, total }
+    }
+
+    /// The newest bucket holding hits, if any: where [`Self::add`] counted
+    /// what it last counted, unless the clock moved on since.
+    pub fn newest(&self) -> Option<i64> {
+        self.buckets.back().map(|&(index, _)| index)
+    }
+
     /// Drops buckets that left the window and returns the interpolated count.
     pub fn used(&mut self, spec: &LimitSpec, now: Millis) -> u64 {
         let (d, p) = shape(&spec.window);
@@ -221,6 +249,43 @@ mod tests {
         w.add(&s, 5_300, 1);
         w.add(&s, 8_000, 1);
         assert_eq!(w.reset_ms(&s, 9_000), 6_000 + 10_000 - 9_000);
+    }
+
+    /// Its markers, as sliding_window.lua keeps them: the total, the
+    /// oldest and the newest bucket with their hits.
+    fn markers(w: &SlidingWindow) -> (u64, (i64, u64), (i64, u64)) {
+        let (first, last) = (w.buckets.front(), w.buckets.back());
+        (w.total, *first.unwrap_or(&(0, 0)), *last.unwrap_or(&(0, 0)))
+    }
+
+    #[test]
+    fn a_counter_read_from_its_markers_decides_as_the_counter() {
+        let mut s = spec(10_000, 1_000);
+        // Hits at 0 .. 7 s in 1 s buckets: up to eight buckets, so that
+        // one, two and many lie between the oldest and the newest.
+        for spread in [1, 2, 3, 8] {
+            let mut w = SlidingWindow::default();
+            for b in 0..spread {
+                w.add(&s, b * 1_000 + 500, b + 1);
+            }
+            // Whenever the oldest bucket is still in the window (to 10,999),
+            // at the newest bucket or after it, near or at the limit.
+            for (now, requests) in [(7_999, 100), (10_400, 36), (10_999, 30), (10_000, 0)] {
+                s.requests = requests;
+                let (total, oldest, newest) = markers(&w);
+                let mut read = SlidingWindow::from_markers(total, oldest, newest);
+                let mut whole = w.clone();
+                assert_eq!(read.used(&s, now), whole.used(&s, now), "{spread} at {now}");
+                read.add(&s, now, 3);
+                whole.add(&s, now, 3);
+                assert_eq!(read.used(&s, now), whole.used(&s, now), "{spread} at {now}");
+                assert_eq!(read.reset_ms(&s, now), whole.reset_ms(&s, now));
+                assert_eq!(read.full_for(&s, now), whole.full_for(&s, now));
+                assert_eq!(read.newest(), whole.newest());
+            }
+        }
+        let empty = SlidingWindow::from_markers(0, (3, 9), (5, 2));
+        assert_eq!(empty, SlidingWindow::default(), "a total of 0 is empty");
     }
 
     #[test]

@@ -467,7 +467,12 @@ fn answer(
     lens: &[usize],
     reply: &[i64],
 ) {
-    let Some(runs) = runs(reply, lens.iter().copied()) else {
+    let shapes = lens.iter().scan(0, |at, &n| {
+        let run = &members[*at..*at + n];
+        *at += n;
+        Some((&run[0].request.limit, run.iter().map(|m| m.request.hits)))
+    });
+    let Some(runs) = runs(reply, shapes) else {
         let e = format!("unexpected script reply of {} values", reply.len());
         fail(members, &StoreError::Unavailable(e));
         return;
@@ -475,8 +480,9 @@ fn answer(
     let mut members = members.into_iter();
     let owed: Vec<(Owed, Vec<Answer>)> = runs
         .into_iter()
-        .filter_map(|run| {
-            let run_members = members.by_ref().take(run.overs.len());
+        .zip(lens)
+        .filter_map(|(run, &n)| {
+            let run_members = members.by_ref().take(n);
             tell_run(target, run, run_members)
         })
         .collect();
@@ -495,15 +501,18 @@ fn tell_run(
 ) -> Option<(Owed, Vec<Answer>)> {
     let (mut counted, mut unclaimed) = (0u64, 0u64);
     let mut counter = None;
-    for (member, &over) in members.zip(run.overs) {
-        let over = over == 1;
+    for (i, member) in members.enumerate() {
+        let hits = member.request.hits;
+        let over = run
+            .overs
+            .over(i, run.answer.before, counted, hits)
+            .unwrap_or(true);
         let admitted = admits([(Role::Enforce, over)]);
         let answer = Answer {
             before: run.answer.before.saturating_add(counted),
             over,
             ..run.answer
         };
-        let hits = member.request.hits;
         if admitted {
             counted = counted.saturating_add(hits);
         }

@@ -3,7 +3,8 @@
 
 use redis::{Cmd, FromRedisValue, ParsingError, Value};
 
-use crate::limiter::{Algorithm, Counting, LimitSpec, Millis, Role};
+use crate::limiter::algorithm::SlidingWindow;
+use crate::limiter::{Algorithm, Counting, LimitSpec, MAX_HITS, Millis, Role};
 use crate::store::{BatchItem, LimitOutcome, counted_used};
 
 pub(super) fn hits(hits: u64) -> i64 {
@@ -247,8 +248,9 @@ pub(super) fn push_limits(cmd: &mut Cmd, limits: &[[i64; LIMIT_ARGS]]) {
 /// as little-endian doubles (`struct.unpack` makes a double a Lua number
 /// with less work than an 8-byte integer), per run its limit's number (see
 /// `batch_limits`), the number of requests, and their weights in order.
-/// Then the `struct` format of its reply, `<` and a `d` per value (per run
-/// two more than it takes), whose start is the runs' format too: Lua's
+/// Then the `struct` format of the values it may pack for runs it decides
+/// itself (see `runs`), `<` and a `d` per value (per run two more than it
+/// takes), whose start is the runs' format too: Lua's
 /// `string.rep` makes such a string a byte at a time, about 6,000
 /// instructions a call for each (callgrind), where Redis takes an argument
 /// with a copy.
@@ -282,8 +284,8 @@ impl PackedRuns {
         self.numbers.extend(n.to_le_bytes());
     }
 
-    /// The reply's format: `<`, then a `d` for each number of the runs and
-    /// two more for each run.
+    /// The format of the values batch.lua may pack: `<`, then a `d` for
+    /// each number of the runs and two more for each run.
     fn format(&self) -> String {
         let doubles = self.numbers.len() / 8 + 2 * self.runs;
         let mut format = String::with_capacity(1 + doubles);
@@ -347,52 +349,128 @@ fn integer(n: f64) -> Result<i64, ParsingError> {
     }
 }
 
-/// Values batch.lua answers per run, besides one per request.
+/// Values batch.lua answers for a run it decided, besides one per request.
 const RUN_REPLY: usize = 4;
+
+/// Values of a quick run's reply: the counter's markers as read (see
+/// `sliding_window.lua`).
+const MARKERS: usize = 6;
 
 /// One run's part of a batch.lua reply.
 pub(super) struct RunReply<'a> {
     /// The counter before the run, and after it (reset, full, slot); its
     /// `over` is left false (see `overs`).
     pub(super) answer: Answer,
-    /// Per request of the run, in order: 1 if it was over (not admitted).
-    pub(super) overs: &'a [i64],
+    /// Per request of the run, in order, whether it was over (not
+    /// admitted).
+    pub(super) overs: Overs<'a>,
 }
 
-/// A batch.lua reply read as runs of `lens` requests each; `None` when it
-/// is not that long.
-pub(super) fn runs<'a>(
-    reply: &'a [i64],
-    lens: impl Iterator<Item = usize> + Clone,
-) -> Option<Vec<RunReply<'a>>> {
-    let total: usize = lens.clone().map(|n| RUN_REPLY + n).sum();
-    if reply.len() != total {
-        return None;
+/// Which requests of a run were over.
+pub(super) enum Overs<'a> {
+    /// As the script answered, one value per request: 1 if over.
+    Replied(&'a [i64]),
+    /// In turn, as the script decided them: a request is over when the
+    /// counter before the run and what the run admitted before it leave no
+    /// room for its weight under `requests`.
+    InTurn { requests: u64 },
+}
+
+impl Overs<'_> {
+    /// Whether the request that comes after `admitted` hits of the run's
+    /// requests, its `index`th, weighing `hits`, was over; `None` past the
+    /// run's end.
+    pub(super) fn over(&self, index: usize, before: u64, admitted: u64, hits: u64) -> Option<bool> {
+        match self {
+            Overs::Replied(overs) => overs.get(index).map(|&v| v == 1),
+            Overs::InTurn { requests } => {
+                Some(before.saturating_add(admitted).saturating_add(hits) > *requests)
+            }
+        }
     }
+}
+
+/// A batch.lua reply read as its runs, each given as its limit and its
+/// requests' weights in order; `None` when it does not read so.
+pub(super) fn runs<'a, 'm, W>(
+    reply: &'a [i64],
+    shapes: impl Iterator<Item = (&'m LimitSpec, W)>,
+) -> Option<Vec<RunReply<'a>>>
+where
+    W: ExactSizeIterator<Item = u64>,
+{
+    let (&now, mut rest) = reply.split_last()?;
+    let now = u64::try_from(now).ok()?;
     let count = |v: i64| u64::try_from(v).unwrap_or(0);
-    let mut rest = reply;
-    let runs = lens
-        .map(|n| {
-            let (run, next) = rest.split_at(RUN_REPLY + n);
+    let runs = shapes
+        .map(|(limit, weights)| {
+            let n = weights.len();
+            if *rest.first()? >= 0 {
+                let (markers, next) = rest.split_at_checked(MARKERS)?;
+                rest = next;
+                return Some(decide_again(markers, limit, now, weights));
+            }
+            let (run, next) = rest.split_at_checked(RUN_REPLY + n)?;
             rest = next;
             let (reset, full) = (count(run[1]), count(run[2]));
-            RunReply {
-                answer: Answer {
-                    before: count(run[0]),
-                    pending: 0,
-                    over: false,
-                    blocked: false,
-                    reset_before: reset,
-                    reset_after: reset,
-                    full_before: full,
-                    full_after: full,
-                    slot: run[3],
-                },
-                overs: &run[RUN_REPLY..],
-            }
+            let answer = Answer {
+                before: u64::try_from(-1 - run[0]).ok()?,
+                pending: 0,
+                over: false,
+                blocked: false,
+                reset_before: reset,
+                reset_after: reset,
+                full_before: full,
+                full_after: full,
+                slot: run[3],
+            };
+            let overs = Overs::Replied(&run[RUN_REPLY..]);
+            Some(RunReply { answer, overs })
         })
-        .collect();
-    Some(runs)
+        .collect::<Option<Vec<_>>>()?;
+    rest.is_empty().then_some(runs)
+}
+
+/// A quick run decided again from the markers batch.lua read, as the
+/// script decided it (and the memory store would): each request in turn,
+/// what they admitted counted at once.
+fn decide_again<'a>(
+    markers: &[i64],
+    limit: &LimitSpec,
+    now: Millis,
+    weights: impl Iterator<Item = u64>,
+) -> RunReply<'a> {
+    let count = |v: i64| u64::try_from(v).unwrap_or(0);
+    let total = count(markers[0]);
+    let oldest = (markers[1], count(markers[3]));
+    let newest = (markers[2], count(markers[4]));
+    let mut state = SlidingWindow::from_markers(total, oldest, newest);
+    let before = state.used(limit, now);
+    let overs = Overs::InTurn {
+        requests: limit.requests,
+    };
+    let admitted = weights.enumerate().fold(0u64, |admitted, (i, hits)| {
+        if overs.over(i, before, admitted, hits) == Some(false) {
+            admitted.saturating_add(hits)
+        } else {
+            admitted
+        }
+    });
+    let counts = admitted.min(MAX_HITS.saturating_sub(total)) > 0;
+    state.add(limit, now, admitted);
+    let (reset, full) = (state.reset_ms(limit, now), state.full_for(limit, now));
+    let answer = Answer {
+        before,
+        pending: 0,
+        over: false,
+        blocked: false,
+        reset_before: reset,
+        reset_after: reset,
+        full_before: full,
+        full_after: full,
+        slot: state.newest().filter(|_| counts).unwrap_or(-1),
+    };
+    RunReply { answer, overs }
 }
 
 #[cfg(test)]
@@ -428,6 +506,57 @@ mod tests {
             );
             assert!(reply.is_err(), "{bad} was read");
         }
+    }
+
+    #[test]
+    fn a_batch_reply_reads_as_markers_decided_again_and_answers_as_replied() {
+        let limit = |requests, algorithm| LimitSpec {
+            requests,
+            window: crate::limiter::Window {
+                duration_ms: 60_000,
+                algorithm,
+            },
+            penalty: None,
+        };
+        let sliding = limit(
+            100,
+            Algorithm::SlidingWindow {
+                precision_ms: 6_000,
+            },
+        );
+        let fixed = limit(10, Algorithm::FixedWindow);
+        // At 600,000 ms the window's buckets are 90..=100. The quick run's
+        // markers: 10 hits in buckets 95 (4) to 99 (6). The other run as
+        // the script decided it: 7 before, reset 500, full 0, slot 3, not
+        // over. Then now.
+        let reply = [10, 95, 99, 4, 6, 0, -1 - 7, 500, 0, 3, 0, 600_000];
+        let shapes = || {
+            [(&sliding, vec![85_u64, 10, 5]), (&fixed, vec![1])]
+                .into_iter()
+                .map(|(l, w)| (l, w.into_iter()))
+        };
+        let runs = runs(&reply, shapes()).expect("reads");
+        let quick = &runs[0].answer;
+        // 85 fits, 10 more does not, 5 more does: 90 counted in bucket
+        // 100; full until bucket 95 leaves.
+        assert_eq!((quick.before, quick.slot), (10, 100));
+        assert_eq!((quick.reset_after, quick.full_after), (36_000, 30_000));
+        let overs: Vec<_> = [(0, 0, 85), (1, 85, 10), (2, 85, 5)]
+            .map(|(i, admitted, hits)| runs[0].overs.over(i, 10, admitted, hits))
+            .into();
+        assert_eq!(overs, [Some(false), Some(true), Some(false)]);
+        let decided = &runs[1].answer;
+        assert_eq!(
+            (decided.before, decided.reset_after, decided.slot),
+            (7, 500, 3)
+        );
+        assert_eq!(runs[1].overs.over(0, 7, 0, 1), Some(false));
+        assert_eq!(runs[1].overs.over(1, 7, 1, 1), None, "past the run");
+        // Cut short, or with more than its runs, it does not read.
+        assert!(super::runs(&reply[1..], shapes()).is_none());
+        let mut longer = reply.to_vec();
+        longer.insert(11, 0);
+        assert!(super::runs(&longer, shapes()).is_none());
     }
 
     #[test]

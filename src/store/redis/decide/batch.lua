@@ -23,8 +23,9 @@ limit (1 for the first listed, ...), n, and the n requests' weights. (Three
 arguments a request cost Redis a string to make and intern and a slot of
 ARGV to fill, and this script a number to parse: struct.unpack makes them
 numbers at once, in one table; a double with less work than an 8-byte
-integer.) Last, the reply's struct format, '<' and a 'd' per value (two
-more per run than the runs have), whose start is the runs' format (Lua's
+integer.) Last, the struct format of the values it may pack for runs it
+decides, '<' and a 'd' per value (two more per run than the runs have),
+whose start is the runs' format (Lua's
 string.rep makes such a string a byte at a time; Redis takes an argument
 with a copy).
 
@@ -34,13 +35,19 @@ in that order would decide), all counted at once, one read and one write
 of the key. Runs follow each other: a run reads what the earlier ones
 wrote.
 
-Reply, per run: used (before the run), reset, full, slot (after it, as
-decide.lua's), then per request 1 if it was over (not admitted), 0 if
-counted; all packed in one string as little-endian doubles (struct.pack:
-one value for Redis to send and for the caller to parse instead of five a
-request, each of which cost the caller's RESP parser about 900
-instructions; and less for Redis than a reply array, and than 8-byte
-integers).
+Reply: one string of little-endian doubles (one value for Redis to send
+and for the caller to parse, where a reply array costs the caller's RESP
+parser about 900 instructions a value): per run, in order, either of
+- a quick run's (the sliding window's usual run, see the loop at the end):
+  its markers as read, six doubles whose first (the hits held) is never
+  negative, all 0 when the HASH has none. The run's answers follow from
+  them alone (the caller decides it again, as the memory store would:
+  what the script would have packed cost Redis a tenth of a decision's
+  instructions, callgrind, see the benchmarks log);
+- any other run's: -1 - used (before the run), reset, full, slot (after
+  it, as decide.lua's), then per request 1 if it was over (not admitted),
+  0 if counted;
+then now (the call's clock, which the caller may not know).
 
 Cost: what depends only on a limit and now (its numbers, the prefix and
 names of its fields, the state's constants) is made once per limit, not per
@@ -106,16 +113,22 @@ end
 local packed, formats = ARGV[a], ARGV[a + 1]
 local runs = { struct.unpack(formats:sub(1, 1 + #packed / 8), packed) }
 
--- Runs take 2 values and answer 4 besides one per request: the reply has
--- #packed / 8 + 2 * #KEYS values, its slots made at once.
-local size = #packed / 8 + 2 * #KEYS
-local reply, r, p = { unpack(KEYS, 1, size) }, 0, 1
+-- The reply's parts, in order (see the header): each run's, then now,
+-- slots made at once; and the values of general runs not yet packed into
+-- a part (runs of other algorithms mostly follow each other: one pack for
+-- them all, with now when they come last), made with the first such run,
+-- with room for every run's.
+local reply, p = { unpack(KEYS, 1, #KEYS + 1) }, 1
+local values, r, quick_runs = nil, 0, 0
 
 -- The quick path's locals: the quick record of the limit whose run came
 -- last (runs of one limit follow each other), and struct's two functions
 -- (a global's field is two table lookups a use, a local none).
 local q_in, q_marks, q_cur_name, oldest, cur, d, prec, requests, inside, q_until, q_lives, q_x, q_expire, q_ttl
 local pack, unpack_doubles = struct.pack, struct.unpack
+-- The markers' reply for a HASH without them: six zeros, an empty counter
+-- (a constant of the chunk, made when Redis loads it).
+local EMPTY = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
 
 -- The quick path's counts as the HASH holds them, remembered for the call:
 -- its decisions mostly write the same few (small counts), and a table
@@ -156,16 +169,16 @@ local function general_run(key, l, p, n, r, marks)
   local loaded = alg('load', st, nil, v)
   k[K_STORED] = marks and st[SW_SEEN] or v[1]
   local used = loaded or alg('used', st, l)
-  reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, 0, 0, -1
-  local counted = in_turn(alg, st, l, loaded, 0, runs, p + 2, p + 1 + n, reply, r + 5)
+  values[r + 1], values[r + 2], values[r + 3], values[r + 4] = -1 - used, 0, 0, -1
+  local counted = in_turn(alg, st, l, loaded, 0, runs, p + 2, p + 1 + n, values, r + 5)
   if counted > 0 then
     local slot, until_ms = alg('add', st, l, counted)
-    reply[r + 4] = slot
+    values[r + 4] = slot
     if until_ms > k[K_UNTIL] then
       k[K_UNTIL] = until_ms
     end
   end
-  reply[r + 2], reply[r + 3] = alg('report', st, l)
+  values[r + 2], values[r + 3] = alg('report', st, l)
   local at, text = expiry(k[K_UNTIL], k[K_STORED])
   local x = false
   if marks and at then
@@ -198,9 +211,10 @@ end
 -- newest bucket) decided in locals, without the key and state records,
 -- the algorithm's calls and the queue of writes, which cost a quarter of a
 -- batched decision's instructions (callgrind: see BENCHMARKS.md). It is
--- sliding_window.lua's 'load', in_turn, 'add' and 'report', then the
--- writes of general_run, operation for operation; tests/redis/batch_model.rs
--- holds both paths to the memory store's answers.
+-- sliding_window.lua's 'load', in_turn and 'add', then the writes of
+-- general_run, operation for operation; its reply is the markers it read,
+-- from which the caller reports (wire.rs). tests/redis/batch_model.rs holds
+-- both paths to the memory store's answers.
 for i = 1, #KEYS do
   local key, j, n = KEYS[i], runs[p], runs[p + 1]
   local q, v = quick[j], nil
@@ -224,15 +238,11 @@ for i = 1, #KEYS do
         used = t - low_hits + ceil(low_hits * inside / prec)
       end
       -- in_turn, then 'add' into the bucket of now.
-      local counted, at = 0, r + 4
+      local counted = 0
       for m = p + 2, p + 1 + n do
         local h = runs[m]
-        at = at + 1
         if used + counted + h <= requests then
           counted = counted + h
-          reply[at] = 0
-        else
-          reply[at] = 1
         end
       end
       local slot, moves, count, marks = -1, false, nil, nil
@@ -259,29 +269,13 @@ for i = 1, #KEYS do
         t = t + hits
         count, marks = text_of[c] or text(c), pack(MARKERS, t, o, cur, low_hits, c, seen)
       end
-      -- 'report'.
-      local reset, full = 0, 0
-      if t == 0 then
-        reset = (cur + 1) * prec + d - now
-        if requests == 0 then
-          full = (floor(now / prec) + 1) * prec - now
-        end
-      else
-        reset = (o + 1) * prec + d - now
-        if requests == 0 then
-          full = reset
-        elseif o == oldest and inside < prec then
-          local others = t - low_hits
-          if others >= requests then
-            full = inside
-          else
-            full = inside - min(idiv((requests - 1 - others) * prec, low_hits), inside)
-          end
-        elseif t >= requests then
-          full = max(o * prec + d - now, 0)
-        end
+      -- The reply: the markers as read (the caller decides the run again
+      -- from them, as the memory store would).
+      if r > 0 then
+        reply[i - 1] = pack(formats:sub(1, 1 + r), unpack(values, 1, r))
+        r = 0
       end
-      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = used, reset, full, slot
+      reply[i], quick_runs = v or EMPTY, quick_runs + 1
       -- The writes.
       if moves then
         call('HSET', key, q_cur_name, count, q_marks, marks, 'x', q_x)
@@ -293,8 +287,19 @@ for i = 1, #KEYS do
     end
   end
   if v or not q then
+    values = values or { unpack(KEYS, 1, #packed / 8 + 2 * #KEYS) }
     general_run(key, limits[j], p, n, r, v)
+    r, reply[i] = r + 4 + n, ''
   end
-  r, p = r + 4 + n, p + 2 + n
+  p = p + 2 + n
 end
-return pack(formats, unpack(reply, 1, size))
+if r == 0 then
+  reply[#KEYS + 1] = pack('<d', now)
+else
+  values[r + 1] = now
+  reply[#KEYS + 1] = pack(formats:sub(1, 1 + r) .. 'd', unpack(values, 1, r + 1))
+  if quick_runs == 0 then
+    return reply[#KEYS + 1] -- the others are empty
+  end
+end
+return table.concat(reply)
