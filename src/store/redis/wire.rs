@@ -84,6 +84,23 @@ pub(super) struct Answer {
 }
 
 impl Answer {
+    /// A batch.lua run's answer: the counter `before` the run, and after
+    /// it (`reset`, `full`, the `slot` its hits went to); `over` is left
+    /// false (see [`Overs`]).
+    fn of_run(before: u64, reset: u64, full: u64, slot: i64) -> Self {
+        Answer {
+            before,
+            pending: 0,
+            over: false,
+            blocked: false,
+            reset_before: reset,
+            reset_after: reset,
+            full_before: full,
+            full_after: full,
+            slot,
+        }
+    }
+
     /// The outcome to report for `item`: after the request when it was
     /// admitted, the counter as it stands otherwise (also for a refunded
     /// Cluster part); an always-counted debit and a refund report the
@@ -358,8 +375,7 @@ const MARKERS: usize = 6;
 
 /// One run's part of a batch.lua reply.
 pub(super) struct RunReply<'a> {
-    /// The counter before the run, and after it (reset, full, slot); its
-    /// `over` is left false (see `overs`).
+    /// See [`Answer::of_run`].
     pub(super) answer: Answer,
     /// Per request of the run, in order, whether it was over (not
     /// admitted).
@@ -412,18 +428,8 @@ where
             }
             let (run, next) = rest.split_at_checked(RUN_REPLY + n)?;
             rest = next;
-            let (reset, full) = (count(run[1]), count(run[2]));
-            let answer = Answer {
-                before: u64::try_from(-1 - run[0]).ok()?,
-                pending: 0,
-                over: false,
-                blocked: false,
-                reset_before: reset,
-                reset_after: reset,
-                full_before: full,
-                full_after: full,
-                slot: run[3],
-            };
+            let before = u64::try_from(-1 - run[0]).ok()?;
+            let answer = Answer::of_run(before, count(run[1]), count(run[2]), run[3]);
             let overs = Overs::Replied(&run[RUN_REPLY..]);
             Some(RunReply { answer, overs })
         })
@@ -459,17 +465,8 @@ fn decide_again<'a>(
     let counts = admitted.min(MAX_HITS.saturating_sub(total)) > 0;
     state.add(limit, now, admitted);
     let (reset, full) = (state.reset_ms(limit, now), state.full_for(limit, now));
-    let answer = Answer {
-        before,
-        pending: 0,
-        over: false,
-        blocked: false,
-        reset_before: reset,
-        reset_after: reset,
-        full_before: full,
-        full_after: full,
-        slot: state.newest().filter(|_| counts).unwrap_or(-1),
-    };
+    let slot = state.newest().filter(|_| counts).unwrap_or(-1);
+    let answer = Answer::of_run(before, reset, full, slot);
     RunReply { answer, overs }
 }
 
