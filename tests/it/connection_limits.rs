@@ -116,7 +116,10 @@ async fn raw_call_with(
     let (response, mut stream) = h2
         .send_request(request.body(()).unwrap(), false)
         .expect("send headers");
-    stream.send_data(body, end).expect("send data");
+    // A server that answers from the headers alone (an encoding it does
+    // not offer) may have closed the stream before the body goes: then the
+    // body is not sent, and the answer below is what the caller judges.
+    let _ = stream.send_data(body, end);
     let response = tokio::time::timeout(PATIENCE, response)
         .await
         .expect("an answer")
@@ -689,7 +692,10 @@ async fn never_finished_large_messages_do_not_grow_memory() {
         stream
             .send_data(message(1_024_000, &[]), false)
             .expect("send");
-        stream.send_data(almost_all.clone(), false).expect("send");
+        // The server may have refused the stream on its length prefix and
+        // closed it already: the rest is then not sent, and the answer is
+        // what is judged.
+        let _ = stream.send_data(almost_all.clone(), false);
         answers.push(tokio::spawn(async move {
             let answer = response.await;
             drop(stream);
