@@ -73,7 +73,6 @@ local uses_bucket = algs:find('2', 1, true) ~= nil
   Q_CUR_NAME    of the bucket of now
   Q_OLDEST      the bucket at the window's start
   Q_CUR         the bucket of now
-  Q_DURATION    D
   Q_PRECISION   P
   Q_REQUESTS    the limit's requests
   Q_INSIDE      the ms of bucket Q_OLDEST still inside the window
@@ -104,7 +103,7 @@ for j = 1, ARGV[3] + 0 do
     local command, ttl = expire_command(lives, x)
     quick[j] = {
       [Q_MARKS] = f .. 'm', [Q_CUR_NAME] = f .. fmt('%d', cur), [Q_OLDEST] = oldest, [Q_CUR] = cur,
-      [Q_DURATION] = d, [Q_PRECISION] = p, [Q_REQUESTS] = l[L_REQUESTS], [Q_INSIDE] = (oldest + 1) * p - (now - d),
+      [Q_PRECISION] = p, [Q_REQUESTS] = l[L_REQUESTS], [Q_INSIDE] = (oldest + 1) * p - (now - d),
       [Q_UNTIL] = until_ms, [Q_LIVES] = lives, [Q_X] = x, [Q_EXPIRE] = command, [Q_TTL] = ttl,
     }
   end
@@ -124,7 +123,7 @@ local values, r, quick_runs = nil, 0, 0
 -- The quick path's locals: the quick record of the limit whose run came
 -- last (runs of one limit follow each other), and struct's two functions
 -- (a global's field is two table lookups a use, a local none).
-local q_in, q_marks, q_cur_name, oldest, cur, d, prec, requests, inside, q_until, q_lives, q_x, q_expire, q_ttl
+local q_in, q_marks, q_cur_name, oldest, cur, prec, requests, inside, q_until, q_lives, q_x, q_expire, q_ttl
 local pack, unpack_doubles = struct.pack, struct.unpack
 -- The markers' reply for a HASH without them: six zeros, an empty counter
 -- (a constant of the chunk, made when Redis loads it).
@@ -221,7 +220,7 @@ for i = 1, #KEYS do
   if q then
     if q ~= q_in then
       q_in = q
-      q_marks, q_cur_name, oldest, cur, d, prec, requests, inside, q_until, q_lives, q_x, q_expire, q_ttl = unpack(q)
+      q_marks, q_cur_name, oldest, cur, prec, requests, inside, q_until, q_lives, q_x, q_expire, q_ttl = unpack(q)
     end
     v = call('HGET', key, q_marks)
     local t, o, high, low_hits, high_hits, seen = 0, cur, cur, 0, 0, 0
@@ -245,13 +244,12 @@ for i = 1, #KEYS do
           counted = counted + h
         end
       end
-      local slot, moves, count, marks = -1, false, nil, nil
+      local moves, count, marks = false, nil, nil
       local hits = counted
       if hits > MAX_HITS - t then
         hits = MAX_HITS - t -- (math.min is a C call: this is a compare)
       end
       if hits > 0 then
-        slot = cur
         local c = (high == cur and high_hits or 0) + hits
         if (t == 0 or high ~= cur) and q_until + 1000 > seen then
           -- A new newest bucket the HASH may not live past (expiry's test
