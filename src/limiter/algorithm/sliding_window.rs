@@ -43,24 +43,38 @@ fn shape(window: &Window) -> (i64, i64) {
 impl SlidingWindow {
     /// The counter a Redis HASH's markers describe (its oldest bucket and
     /// hits, its newest bucket and hits, the hits of all its buckets: see
-    /// `sliding_window.lua`), as far as a decision within the window reads
-    /// it: the buckets between, never read by one, stand as one bucket
-    /// after the oldest. A `total` of 0 is an empty counter, whatever the
-    /// rest says (a refund emptied it).
-    pub fn from_markers(total: u64, oldest: (i64, u64), newest: (i64, u64)) -> Self {
+    /// `sliding_window.lua`), as a decision at `now` reads it: the buckets
+    /// between, never read by one, stand as one bucket after the oldest. A
+    /// `total` of 0 is an empty counter, whatever the rest says (a refund
+    /// emptied it). `None` unless every bucket is still in the window and
+    /// none is past `now`'s (what batch.lua's quick path answers), or when
+    /// the buckets hold more than the total: markers no script wrote.
+    pub fn from_markers(
+        spec: &LimitSpec,
+        now: Millis,
+        total: u64,
+        oldest: (i64, u64),
+        newest: (i64, u64),
+    ) -> Option<Self> {
         if total == 0 {
-            return Self::default();
+            return Some(Self::default());
+        }
+        let (d, p) = shape(&spec.window);
+        let in_window = (signed(now) - d).div_euclid(p)..=signed(now).div_euclid(p);
+        if !(in_window.contains(&oldest.0) && in_window.contains(&newest.0)) {
+            return None;
         }
         let mut buckets = VecDeque::with_capacity(3);
         buckets.push_back(oldest);
+        let mut between = total.checked_sub(oldest.1)?;
         if newest.0 > oldest.0 {
-            let between = total.saturating_sub(oldest.1).saturating_sub(newest.1);
+            between = between.checked_sub(newest.1)?;
             if between > 0 && newest.0 > oldest.0 + 1 {
                 buckets.push_back((oldest.0 + 1, between));
             }
             buckets.push_back(newest);
         }
-        Self { buckets, total }
+        Some(Self { buckets, total })
     }
 
     /// The newest bucket holding hits, if any: where [`Self::add`] counted
@@ -273,7 +287,8 @@ mod tests {
             for (now, requests) in [(7_999, 100), (10_400, 36), (10_999, 30), (10_000, 0)] {
                 s.requests = requests;
                 let (total, oldest, newest) = markers(&w);
-                let mut read = SlidingWindow::from_markers(total, oldest, newest);
+                let mut read = SlidingWindow::from_markers(&s, now, total, oldest, newest)
+                    .expect("markers of a counter in the window");
                 let mut whole = w.clone();
                 assert_eq!(read.used(&s, now), whole.used(&s, now), "{spread} at {now}");
                 read.add(&s, now, 3);
@@ -284,8 +299,25 @@ mod tests {
                 assert_eq!(read.newest(), whole.newest());
             }
         }
-        let empty = SlidingWindow::from_markers(0, (3, 9), (5, 2));
-        assert_eq!(empty, SlidingWindow::default(), "a total of 0 is empty");
+        let read =
+            |total, oldest, newest| SlidingWindow::from_markers(&s, 10_000, total, oldest, newest);
+        assert_eq!(
+            read(0, (3, 9), (5, 2)),
+            Some(SlidingWindow::default()),
+            "a total of 0 is empty"
+        );
+        // Buckets out of the window (0..=10 at 10 s), or holding more than
+        // the total: no counter the script answers with.
+        for (oldest, newest) in [
+            ((-1, 1), (5, 1)),
+            ((3, 1), (11, 1)),
+            ((i64::MIN, 1), (i64::MAX, 1)),
+        ] {
+            assert_eq!(read(4, oldest, newest), None, "{oldest:?} {newest:?}");
+        }
+        assert_eq!(read(4, (3, 5), (5, 1)), None);
+        assert_eq!(read(4, (3, 2), (5, 3)), None);
+        assert!(read(5, (3, 2), (5, 3)).is_some());
     }
 
     #[test]

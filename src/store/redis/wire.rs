@@ -424,7 +424,7 @@ where
             if *rest.first()? >= 0 {
                 let (markers, next) = rest.split_at_checked(MARKERS)?;
                 rest = next;
-                return Some(decide_again(markers, limit, now, weights));
+                return decide_again(markers, limit, now, weights);
             }
             let (run, next) = rest.split_at_checked(RUN_REPLY + n)?;
             rest = next;
@@ -439,18 +439,19 @@ where
 
 /// A quick run decided again from the markers batch.lua read, as the
 /// script decided it (and the memory store would): each request in turn,
-/// what they admitted counted at once.
+/// what they admitted counted at once. `None` for markers the quick path
+/// would not have answered with.
 fn decide_again<'a>(
     markers: &[i64],
     limit: &LimitSpec,
     now: Millis,
     weights: impl Iterator<Item = u64>,
-) -> RunReply<'a> {
+) -> Option<RunReply<'a>> {
     let count = |v: i64| u64::try_from(v).unwrap_or(0);
     let total = count(markers[0]);
     let oldest = (markers[1], count(markers[3]));
     let newest = (markers[2], count(markers[4]));
-    let mut state = SlidingWindow::from_markers(total, oldest, newest);
+    let mut state = SlidingWindow::from_markers(limit, now, total, oldest, newest)?;
     let before = state.used(limit, now);
     let overs = Overs::InTurn {
         requests: limit.requests,
@@ -467,7 +468,7 @@ fn decide_again<'a>(
     let (reset, full) = (state.reset_ms(limit, now), state.full_for(limit, now));
     let slot = state.newest().filter(|_| counts).unwrap_or(-1);
     let answer = Answer::of_run(before, reset, full, slot);
-    RunReply { answer, overs }
+    Some(RunReply { answer, overs })
 }
 
 #[cfg(test)]
