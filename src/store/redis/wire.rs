@@ -395,7 +395,7 @@ pub(super) enum Overs<'a> {
 impl Overs<'_> {
     /// Whether the request that comes after `admitted` hits of the run's
     /// requests, its `index`th, weighing `hits`, was over; `None` past the
-    /// run's end.
+    /// values the script answered.
     pub(super) fn over(&self, index: usize, before: u64, admitted: u64, hits: u64) -> Option<bool> {
         match self {
             Overs::Replied(overs) => overs.get(index).map(|&v| v == 1),
