@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
@@ -46,9 +46,9 @@ impl Drop for Envoy {
     }
 }
 
-fn collect_lines(stdout: ChildStdout, into: Arc<Mutex<Vec<String>>>) {
+fn collect_lines(output: impl Read + Send + 'static, into: Arc<Mutex<Vec<String>>>) {
     thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
+        for line in BufReader::new(output).lines() {
             let Ok(line) = line else { return };
             into.lock().unwrap().push(line);
         }
@@ -82,18 +82,27 @@ impl Envoy {
             ])
             .arg(&path)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("run envoy");
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let (log, errors) = (Arc::new(Mutex::new(Vec::new())), Arc::default());
         collect_lines(child.stdout.take().unwrap(), log.clone());
-        let envoy = Envoy {
+        collect_lines(child.stderr.take().unwrap(), Arc::clone(&errors));
+        let mut envoy = Envoy {
             child,
             admin,
             log,
             _dir: dir,
         };
-        super::eventually::eventually("Envoy to listen", || TcpStream::connect(front));
+        super::eventually::eventually("Envoy to listen", || {
+            // One that exited (a port taken meanwhile, a config it refuses)
+            // never will: say why at once.
+            if let Ok(Some(status)) = envoy.child.try_wait() {
+                let errors = errors.lock().unwrap().join("\n");
+                panic!("Envoy exited ({status}) before listening on {front}:\n{errors}");
+            }
+            TcpStream::connect(front)
+        });
         envoy
     }
 

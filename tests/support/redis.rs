@@ -24,7 +24,9 @@
 #![allow(dead_code)]
 
 use std::collections::HashSet;
+use std::collections::hash_map::RandomState;
 use std::fmt;
+use std::hash::BuildHasher;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -204,7 +206,15 @@ fn bindable(port: u16) -> bool {
     TcpListener::bind((LOCALHOST, port)).is_ok()
 }
 
-/// A free loopback port (never 6379), as chosen by the OS.
+/// Where ports are picked: below Linux's ephemeral range (32768 up by
+/// default), from which the OS takes the local port of every outgoing
+/// connection, so that no connection of a concurrent test (each runs in a
+/// process of its own) can take a port between its pick and its server's
+/// bind (Envoy binds a second or more after it starts); a cluster's bus
+/// port (`port + 10000`) stays below it too.
+const PORT_RANGE: std::ops::Range<u16> = 10_000..22_768;
+
+/// A free loopback port (never 6379).
 pub fn free_port() -> u16 {
     pick_port(false)
 }
@@ -216,12 +226,13 @@ pub fn free_cluster_port() -> u16 {
 
 fn pick_port(with_bus: bool) -> u16 {
     for _ in 0..1000 {
-        let port = TcpListener::bind((LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .expect("bind 127.0.0.1:0")
-            .port();
+        // At random in PORT_RANGE (std's hasher keys are random per instance), so
+        // that concurrent processes rarely try the same one.
+        let random = RandomState::new().hash_one(0_u8);
+        let port =
+            PORT_RANGE.start + (random % u64::from(PORT_RANGE.end - PORT_RANGE.start)) as u16;
         let bus = port.checked_add(10000);
-        if port == 6379 || (with_bus && !bus.is_some_and(bindable)) {
+        if port == 6379 || !bindable(port) || (with_bus && !bus.is_some_and(bindable)) {
             continue;
         }
         // Reserve the bus port too, so no other server of ours is put there.
