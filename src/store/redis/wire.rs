@@ -134,7 +134,6 @@ impl Answer {
 /// The per-limit answers of a decide.lua reply (`applied`, then the
 /// answers) to a whole request or to a Cluster part (`whole` false).
 pub(super) fn answers(reply: &[i64], whole: bool) -> impl Iterator<Item = Answer> + '_ {
-    let count = |v: i64| u64::try_from(v).unwrap_or(0);
     // A whole request's counters are never refunded: "before" is "after".
     let (reset_before, full_before) = if whole { (3, 4) } else { (6, 7) };
     reply[1..].chunks(answer_len(whole)).map(move |v| Answer {
@@ -366,6 +365,12 @@ fn integer(n: f64) -> Result<i64, ParsingError> {
     }
 }
 
+/// A count or a time a script answered, which is never negative (0 if
+/// it were).
+fn count(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
 /// Values batch.lua answers for a run it decided, besides one per request.
 const RUN_REPLY: usize = 4;
 
@@ -417,7 +422,6 @@ where
 {
     let (&now, mut rest) = reply.split_last()?;
     let now = u64::try_from(now).ok()?;
-    let count = |v: i64| u64::try_from(v).unwrap_or(0);
     let runs = shapes
         .map(|(limit, weights)| {
             let n = weights.len();
@@ -447,7 +451,6 @@ fn decide_again<'a>(
     now: Millis,
     weights: impl Iterator<Item = u64>,
 ) -> Option<RunReply<'a>> {
-    let count = |v: i64| u64::try_from(v).unwrap_or(0);
     let total = count(markers[0]);
     let oldest = (markers[1], count(markers[3]));
     let newest = (markers[2], count(markers[4]));
