@@ -106,7 +106,9 @@ def main():
     t0 = 1_800_000_000_000 - 2_000
 
     def calls(n):
-        key = b"sluice:{62656e636800757365725f696400%012d}" % draw()
+        # The key Sluice makes for domain "bench", user_id=<12 digits>
+        # (src/limiter/key.rs: each part's tag, '0' + its length, its text).
+        key = b"sluice:{d5benchk7user_idv<%012d}" % draw()
         if a.pattern[0] == "incumbent":
             return resp("INCRBY", key, 1) + resp("EXPIRE", key, 3600), 2
         now = t0 + int(n * 1000 / a.rate)

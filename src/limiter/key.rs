@@ -4,14 +4,20 @@
 //! choice of domain, keys or values (separators, braces, newlines, any
 //! length) can make two different descriptors share a counter.
 //!
-//! In Redis an identity becomes one key, `<prefix>{<tag>}`: the tag is the
-//! identity in hex when it is short (still injective) or `h` and the hex of
-//! its SHA-256 when it is long (bounded length). Hex has no `{` or `}`, so no
-//! value can choose the cluster slot, and the whole key of one identity hashes
-//! to one slot.
+//! In Redis an identity becomes one key, `<prefix>{<tag>}`. The tag spells a
+//! short identity out, part by part (`{d5benchk4userv3bob}`: each part's
+//! tag, its length as one character, its text with `%`, braces and control
+//! characters escaped), still injective; a long one is `h` and its SHA-256
+//! in unpadded base64url (bounded length). No `{` or `}` is left in the tag,
+//! so no value can choose the cluster slot, and the whole key of one
+//! identity hashes to one slot. The key is short on purpose: Redis hashes,
+//! compares and copies it on every command of a decision, and its Lua
+//! interns it byte by byte (see the benchmarks log).
 
 use std::sync::Arc;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 
 use super::Window;
@@ -28,38 +34,60 @@ impl Identity {
 
     /// The Redis key of this identity's HASH.
     pub fn storage_key(&self, prefix: &str) -> String {
-        let mut key = Vec::with_capacity(prefix.len() + 2 + 2 * INLINE_BYTES.max(32) + 1);
-        key.extend_from_slice(prefix.as_bytes());
-        key.push(b'{');
-        if self.0.len() <= INLINE_BYTES {
-            hex(&mut key, &self.0);
-        } else {
-            key.push(b'h');
-            hex(&mut key, &Sha256::digest(&self.0));
+        let mut key = String::with_capacity(prefix.len() + INLINE_BYTES + 8);
+        key.push_str(prefix);
+        key.push('{');
+        let tag = key.len();
+        if self.0.len() > INLINE_BYTES || spell(&mut key, &self.0).is_none() {
+            key.truncate(tag);
+            key.push('h');
+            URL_SAFE_NO_PAD.encode_string(Sha256::digest(&self.0), &mut key);
         }
-        key.push(b'}');
-        // The prefix is a `str` and the rest ASCII: always UTF-8.
-        String::from_utf8(key)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        key.push('}');
+        key
     }
 }
 
 /// Identities up to this many bytes are spelled out in their Redis key.
 const INLINE_BYTES: usize = 64;
 
-/// Lower-case hex of `bytes`, appended to `out`. By table into bytes sized
-/// once (checked as UTF-8 once, by the caller), not `write!` nor a `push`
-/// per digit: this runs for every key of every Redis decision, and the
-/// formatting machinery cost tens of nanoseconds per byte, a `char` pushed
-/// about seventeen instructions.
-fn hex(out: &mut Vec<u8>, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let start = out.len();
-    out.resize(start + 2 * bytes.len(), 0);
-    for (pair, &b) in out[start..].chunks_exact_mut(2).zip(bytes) {
-        pair[0] = DIGITS[usize::from(b >> 4)];
-        pair[1] = DIGITS[usize::from(b & 0x0f)];
+/// Appends the parts of `bytes` (an identity of at most [`INLINE_BYTES`])
+/// to `out`, each as its tag, `'0'` plus its length (every part of such an
+/// identity is shorter than 64 bytes: one character from `0` to `o`) and its
+/// text, with `%`, `{`, `}` and control characters written `%XX` (their
+/// byte in upper-case hex). Unescaping gives the parts back, so this is
+/// injective, and it leaves no brace.
+/// `None` when `bytes` is not such an identity (a part of 64 bytes or more),
+/// which the caller then hashes.
+fn spell(out: &mut String, mut bytes: &[u8]) -> Option<()> {
+    while let [tag, len, rest @ ..] = bytes {
+        if !tag.is_ascii_alphabetic() || *len >= 64 {
+            return None;
+        }
+        let (text, tail) = rest.split_at_checked(usize::from(*len))?;
+        out.push(char::from(*tag));
+        out.push(char::from(b'0' + len));
+        let mut text = std::str::from_utf8(text).ok()?;
+        while let Some(at) = text.bytes().position(escaped) {
+            const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+            let b = text.as_bytes()[at];
+            out.push_str(&text[..at]);
+            out.push('%');
+            out.push(char::from(DIGITS[usize::from(b >> 4)]));
+            out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+            text = &text[at + 1..];
+        }
+        out.push_str(text);
+        bytes = tail;
     }
+    bytes.is_empty().then_some(())
+}
+
+/// The bytes [`spell`] writes as `%XX`: the escape itself, the braces of a
+/// hash tag, and control characters (a key stays one printable line for
+/// `redis-cli --scan`, logs and the scripts that read them).
+fn escaped(b: u8) -> bool {
+    matches!(b, b'%' | b'{' | b'}' | 0x7f) || b < 0x20
 }
 
 /// Builds an [`Identity`] part by part.
@@ -153,7 +181,7 @@ mod tests {
         let long = id("d", &[("k", &"x".repeat(10_000))]);
         let longer = id("d", &[("k", &"x".repeat(10_001))]);
         let (a, b) = (long.storage_key("p:"), longer.storage_key("p:"));
-        assert_eq!(a.len(), "p:{h}".len() + 64);
+        assert_eq!(a.len(), "p:{h}".len() + 43);
         assert_ne!(a, b);
         let short = id("d", &[("k", "v")]).storage_key("p:");
         assert!(short.starts_with("p:{") && short.ends_with('}'));
@@ -169,29 +197,62 @@ mod tests {
         );
     }
 
-    /// Keys are what counters are found by after an upgrade: the hex is
-    /// plain lower-case `%02x` of the identity's bytes (or of its SHA-256).
+    /// Keys are what counters are found by after an upgrade: each part's
+    /// tag, `'0'` plus its length, its text with `%`, braces and control
+    /// characters escaped;
+    /// a long identity's SHA-256 in unpadded base64url (the vector below is
+    /// Python's `base64.urlsafe_b64encode(hashlib.sha256(…).digest())`).
     #[test]
-    fn keys_spell_the_identity_in_lower_case_hex() {
-        let reference =
-            |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
-        for identity in [
-            id("d", &[("k", "v")]),
-            id(
-                "example",
-                &[("remote_address", "192.0.2.7"), ("path", "/\u{ff}\u{0}")],
+    fn keys_spell_the_identity_out() {
+        let spelled = [
+            (id("d", &[("k", "v")]), "p:{d1dk1kv1v}"),
+            (
+                id(
+                    "example",
+                    &[("remote_address", "192.0.2.7"), ("path", "/\u{ff}\u{0}")],
+                ),
+                "p:{d7examplek>remote_addressv9192.0.2.7k4pathv4/\u{ff}%00}",
             ),
-        ] {
-            assert_eq!(
-                identity.storage_key("p:"),
-                format!("p:{{{}}}", reference(&identity.0))
-            );
+            (id("d", &[("k", "}{%7B%")]), "p:{d1dk1kv6%7D%7B%257B%25}"),
+            (id("d", &[("k", "a\nb\r\u{7f}")]), "p:{d1dk1kv5a%0Ab%0D%7F}"),
+        ];
+        for (identity, key) in spelled {
+            assert_eq!(identity.storage_key("p:"), key);
         }
         let long = id("d", &[("k", &"x".repeat(100))]);
         assert_eq!(
             long.storage_key(""),
-            format!("{{h{}}}", reference(&Sha256::digest(&long.0)))
+            "{h3odGmCi04xodkARuk7BQohCwWNjp_KlZOFm7HwVPyy8}"
         );
+    }
+
+    /// Distinct identities get distinct keys, escapes or not, on both sides
+    /// of the inline bound.
+    #[test]
+    fn keys_of_distinct_identities_differ() {
+        let values = [
+            "", "{", "}", "%", "%7B", "%257B", "%7D{", "a{b}c", "1", "11",
+        ];
+        let mut identities = Vec::new();
+        for v in values {
+            identities.push(id("d", &[("k", v)]));
+            identities.push(id("d", &[("k", v), ("k", v)]));
+            identities.push(id("d", &[(v, "k")]));
+        }
+        // 62, 63, 64 and 65 bytes: the last hashed.
+        for n in 54..58 {
+            identities.push(id("d", &[("k", &"x".repeat(n))]));
+        }
+        let mut pattern = IdentityBuilder::new("d");
+        pattern.pattern("k", "{");
+        identities.push(pattern.build());
+        identities.sort();
+        identities.dedup();
+        let mut keys: Vec<String> = identities.iter().map(|i| i.storage_key("p:")).collect();
+        assert!(keys.iter().all(|k| k.matches(['{', '}']).count() == 2));
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), identities.len());
     }
 
     #[test]
