@@ -56,9 +56,8 @@ const INLINE_BYTES: usize = 64;
 /// identity is shorter than 64 bytes: one character from `0` to `o`) and its
 /// text, with `%`, `{`, `}` and control characters written `%XX` (their
 /// byte in upper-case hex). Unescaping gives the parts back, so this is
-/// injective, and it leaves no brace.
-/// `None` when `bytes` is not such an identity (a part of 64 bytes or more),
-/// which the caller then hashes.
+/// injective, and it leaves no brace. `None` when `bytes` is not such an
+/// identity (a part of 64 bytes or more), which the caller then hashes.
 fn spell(out: &mut String, mut bytes: &[u8]) -> Option<()> {
     while let [tag, len, rest @ ..] = bytes {
         if !tag.is_ascii_alphabetic() || *len >= 64 {
@@ -199,9 +198,9 @@ mod tests {
 
     /// Keys are what counters are found by after an upgrade: each part's
     /// tag, `'0'` plus its length, its text with `%`, braces and control
-    /// characters escaped;
-    /// a long identity's SHA-256 in unpadded base64url (the vector below is
-    /// Python's `base64.urlsafe_b64encode(hashlib.sha256(…).digest())`).
+    /// characters escaped; a long identity's SHA-256 in unpadded base64url
+    /// (the vector below is Python's
+    /// `base64.urlsafe_b64encode(hashlib.sha256(…).digest())`).
     #[test]
     fn keys_spell_the_identity_out() {
         let spelled = [
@@ -231,7 +230,7 @@ mod tests {
     #[test]
     fn keys_of_distinct_identities_differ() {
         let values = [
-            "", "{", "}", "%", "%7B", "%257B", "%7D{", "a{b}c", "1", "11",
+            "", "{", "}", "%", "%7B", "%257B", "%7D{", "a{b}c", "1", "11", "\n", "%0A", "\0", "%00",
         ];
         let mut identities = Vec::new();
         for v in values {
